@@ -1,0 +1,71 @@
+"""Versioned JSON files written atomically (temp file in the same folder, fsync, os.replace)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+def check_header(d: Mapping[str, Any], *, fmt: str, version: int, where: str) -> None:
+    """Raise ValueError unless ``d["format"] == fmt`` and ``d["version"] == version``.
+
+    ``where`` says where ``d`` came from (a file name or "dict") and starts the message.
+    """
+    if not isinstance(d, Mapping):
+        raise TypeError(f"{where}: expected a JSON object (mapping); got {type(d).__name__}")
+    for field, expected in (("format", fmt), ("version", version)):
+        got = d.get(field, "<missing>")
+        if got != expected or isinstance(got, bool):
+            raise ValueError(f"{where}: field {field!r} must be {expected!r}; got {got!r}")
+
+
+def write_json_atomic(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> Path:
+    """Write ``payload`` as JSON to ``path`` so that readers see the old file or the new one, never half.
+
+    The text goes to a temporary file in the destination folder, is flushed and
+    fsynced, then ``os.replace``-d onto ``path``; the temporary file is removed
+    if anything fails. Returns the destination path.
+    """
+    dest = Path(path)
+    text = json.dumps(payload, indent=2, allow_nan=False) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(dest.parent)
+    return dest
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Read a JSON file; ValueError naming the file when it is not valid JSON."""
+    p = Path(path)
+    try:
+        with open(p, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{p}: not valid JSON: {err}") from err
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Best-effort fsync of a folder so the rename itself is durable (not possible on every OS)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
