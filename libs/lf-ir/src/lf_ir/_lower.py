@@ -1,0 +1,214 @@
+"""Lowering: IR nodes -> ``torch.nn.Module``s, on the meta device, with deterministic init.
+
+Every lowered module carries the node it came from as ``module.lf_node`` so
+parallel and memory planners find what they need (which blocks exist, which
+linear is column- or row-parallel) without knowing the model family.
+
+Initialization is deterministic per node: each parameter draws from a generator
+seeded by ``crc32(f"{seed}:{qualified name}")``, so the same weights come out
+whatever the build order, device or parallel plan.
+
+Legend: ``x_bsd`` is (batch, seq, dim); ``q_bhsd`` is (batch, heads, seq, head_dim).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from lf_ir._graph import Component
+from lf_ir._nodes import (
+    MLP,
+    Attention,
+    Embedding,
+    LearnedPositional,
+    Linear,
+    Norm,
+    PatchEmbed2D,
+    TransformerBlock,
+    _Node,
+)
+from lf_kernels import MaskSpec, attention
+
+INIT_STD = 0.02
+"""Standard deviation of the normal init for weights (GPT-2 / ViT convention)."""
+
+
+class PatchEmbedModule(nn.Module):
+    """(batch, channels, H, W) float -> (batch, patches, dim) by a strided conv."""
+
+    def __init__(self, node: PatchEmbed2D):
+        super().__init__()
+        self.conv = nn.Conv2d(node.in_channels, node.dim, node.patch_size, stride=node.patch_size)
+
+    def forward(self, image_bchw: torch.Tensor) -> torch.Tensor:
+        return self.conv(image_bchw).flatten(2).transpose(1, 2)
+
+
+class LearnedPositionalModule(nn.Module):
+    """Adds a learned (length, dim) table to the first ``seq`` positions."""
+
+    def __init__(self, node: LearnedPositional):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(node.length, node.dim))
+
+    def forward(self, x_bsd: torch.Tensor) -> torch.Tensor:
+        return x_bsd + self.weight[: x_bsd.shape[1]]
+
+
+class AttentionModule(nn.Module):
+    """GQA self-attention through :func:`lf_kernels.attention`."""
+
+    def __init__(self, node: Attention):
+        super().__init__()
+        kv = node.kv_heads * node.head_dim
+        self.heads, self.kv_heads, self.head_dim = node.heads, node.kv_heads, node.head_dim
+        self.q = nn.Linear(node.dim, node.dim, bias=node.bias)
+        self.k = nn.Linear(node.dim, kv, bias=node.bias)
+        self.v = nn.Linear(node.dim, kv, bias=node.bias)
+        self.o = nn.Linear(node.dim, node.dim, bias=node.bias)
+
+    def forward(self, x_bsd: torch.Tensor, mask: MaskSpec,
+                key_padding: torch.Tensor | None = None) -> torch.Tensor:
+        b, s, _ = x_bsd.shape
+        q_bhsd = self.q(x_bsd).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k_bhsd = self.k(x_bsd).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v_bhsd = self.v(x_bsd).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        out_bhsd = attention(q_bhsd, k_bhsd, v_bhsd, mask, key_padding=key_padding)
+        return self.o(out_bhsd.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLPModule(nn.Module):
+    """GELU MLP or SwiGLU on the last dim."""
+
+    def __init__(self, node: MLP):
+        super().__init__()
+        self.swiglu = node.activation == "swiglu"
+        self.up = nn.Linear(node.dim, node.hidden, bias=node.bias)
+        self.down = nn.Linear(node.hidden, node.dim, bias=node.bias)
+        if self.swiglu:
+            self.gate = nn.Linear(node.dim, node.hidden, bias=node.bias)
+
+    def forward(self, x_bsd: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            return self.down(nn.functional.silu(self.gate(x_bsd)) * self.up(x_bsd))
+        return self.down(nn.functional.gelu(self.up(x_bsd)))
+
+
+class TransformerBlockModule(nn.Module):
+    """Pre-norm residual transformer block; the mask kind comes from the IR node."""
+
+    def __init__(self, node: TransformerBlock):
+        super().__init__()
+        self.mask_kind = node.attention.mask
+        self.attn_norm = lower_node(node.attn_norm)
+        self.attention = lower_node(node.attention)
+        self.mlp_norm = lower_node(node.mlp_norm)
+        self.mlp = lower_node(node.mlp)
+
+    def forward(self, x_bsd: torch.Tensor, mask: MaskSpec,
+                key_padding: torch.Tensor | None = None) -> torch.Tensor:
+        x_bsd = x_bsd + self.attention(self.attn_norm(x_bsd), mask, key_padding)
+        return x_bsd + self.mlp(self.mlp_norm(x_bsd))
+
+
+def lower_node(node: _Node) -> nn.Module:
+    """Build the module for one node (on the current default device) and tag it.
+
+    Raises:
+        TypeError: for a node type without a lowering rule.
+    """
+    if isinstance(node, Embedding):
+        module: nn.Module = nn.Embedding(node.num_embeddings, node.dim)
+    elif isinstance(node, Linear):
+        module = nn.Linear(node.in_features, node.out_features, bias=node.bias)
+    elif isinstance(node, PatchEmbed2D):
+        module = PatchEmbedModule(node)
+    elif isinstance(node, LearnedPositional):
+        module = LearnedPositionalModule(node)
+    elif isinstance(node, Norm):
+        cls = nn.LayerNorm if node.kind == "layer" else nn.RMSNorm
+        module = cls(node.dim, eps=node.eps)
+    elif isinstance(node, Attention):
+        module = AttentionModule(node)
+    elif isinstance(node, MLP):
+        module = MLPModule(node)
+    elif isinstance(node, TransformerBlock):
+        module = TransformerBlockModule(node)
+    else:
+        raise TypeError(f"node {node.name!r}: no lowering for {type(node).__name__}")
+    module.lf_node = node
+    return module
+
+
+class ComponentModule(nn.Module):
+    """The lowered nodes of one component, applied in order.
+
+    ``layers[i]`` is the module of ``component.nodes[i]``; ``blocks`` lists the
+    transformer blocks (what recomputation and pipeline splitting work on).
+    """
+
+    def __init__(self, component: Component):
+        super().__init__()
+        self.lf_component = component
+        self.layers = nn.ModuleList(lower_node(n) for n in component.nodes)
+        self.index = {n.name: i for i, n in enumerate(component.nodes)}
+
+    def __getitem__(self, name: str) -> nn.Module:
+        return self.layers[self.index[name]]
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        return [m for m in self.layers if isinstance(m, TransformerBlockModule)]
+
+    def forward(self, x: torch.Tensor, *, mask: MaskSpec | None = None,
+                key_padding: torch.Tensor | None = None, start: int = 0,
+                stop: int | None = None) -> torch.Tensor:
+        """Apply ``layers[start:stop]``; blocks need ``mask`` (ValueError otherwise)."""
+        for layer in self.layers[start:stop]:
+            if isinstance(layer, TransformerBlockModule):
+                if mask is None:
+                    raise ValueError(f"component {self.lf_component.name!r}: blocks need a mask")
+                x = layer(x, mask, key_padding)
+            else:
+                x = layer(x)
+        return x
+
+
+def lf_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module, _Node]]:
+    """Yield (qualified name, module, IR node) for every lowered module in ``model``."""
+    for name, module in model.named_modules():
+        node = getattr(module, "lf_node", None)
+        if node is not None:
+            yield name, module, node
+
+
+def init_weights(model: nn.Module, seed: int) -> nn.Module:
+    """Deterministically initialize every parameter of ``model`` in place.
+
+    Weights of linear, conv, embedding and positional tables ~ N(0, 0.02);
+    biases 0; norm scales 1. Each parameter's generator is seeded from
+    ``seed`` and its qualified name, so results do not depend on build order.
+    """
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            owner = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+            if isinstance(owner, (nn.LayerNorm, nn.RMSNorm)):
+                param.fill_(1.0 if leaf == "weight" else 0.0)
+            elif leaf == "bias":
+                param.zero_()
+            else:
+                gen = torch.Generator(device=param.device)
+                gen.manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
+                param.normal_(0.0, INIT_STD, generator=gen)
+    return model
+
+
+def materialize(model: nn.Module, device: torch.device | str, seed: int) -> nn.Module:
+    """Move a meta-device model to ``device`` (uninitialized storage) and init it."""
+    model.to_empty(device=device)
+    return init_weights(model, seed)

@@ -1,0 +1,306 @@
+"""Typed IR nodes: the operations a model graph is made of.
+
+Every node is a frozen msgspec struct tagged by its ``op`` so that a graph
+round-trips through JSON. A node knows its input and output feature sizes
+(for shape inference), its parameter shapes and, through ``tp``, how tensor
+parallelism would split it: ``"column"`` splits the output features,
+``"row"`` splits the input features, ``"replicate"`` keeps a full copy.
+
+Validation runs in ``__post_init__`` so a malformed node fails where it is
+built, with an :class:`IRError` that names the node.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+MaskKind = Literal["full", "causal", "prefix_lm"]
+TPStyle = Literal["column", "row", "replicate"]
+
+
+class IRError(ValueError):
+    """A malformed IR node, component or graph; the message names the node."""
+
+
+class _Node(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
+    name: str
+    """Unique name of the node inside its component (dotted paths are allowed)."""
+
+    def _fail(self, message: str) -> None:
+        raise IRError(f"node {self.name!r} ({type(self).__name__}): {message}")
+
+    def _positive(self, **fields: int) -> None:
+        for key, value in fields.items():
+            if not isinstance(value, int) or value <= 0:
+                self._fail(f"{key} must be a positive integer, got {value!r}")
+
+
+class Embedding(_Node, frozen=True, kw_only=True, tag="embedding"):
+    """Token embedding table: ids (batch, seq) int64 -> (batch, seq, dim)."""
+
+    num_embeddings: int
+    """Vocabulary size (rows of the table)."""
+    dim: int
+    """Embedding width."""
+    tp: TPStyle = "replicate"
+    """How tensor parallelism splits the table (vocab-parallel is ``"row"``)."""
+
+    def __post_init__(self) -> None:
+        self._positive(num_embeddings=self.num_embeddings, dim=self.dim)
+
+    @property
+    def in_dim(self) -> int | None:
+        return None
+
+    @property
+    def out_dim(self) -> int:
+        return self.dim
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"weight": (self.num_embeddings, self.dim)}
+
+
+class Linear(_Node, frozen=True, kw_only=True, tag="linear"):
+    """Affine map on the last dim: (..., in_features) -> (..., out_features)."""
+
+    in_features: int
+    """Input feature size."""
+    out_features: int
+    """Output feature size."""
+    bias: bool = True
+    """Whether the layer adds a bias."""
+    tp: TPStyle = "replicate"
+    """Tensor-parallel style: column splits outputs, row splits inputs."""
+
+    def __post_init__(self) -> None:
+        self._positive(in_features=self.in_features, out_features=self.out_features)
+
+    @property
+    def in_dim(self) -> int:
+        return self.in_features
+
+    @property
+    def out_dim(self) -> int:
+        return self.out_features
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        shapes = {"weight": (self.out_features, self.in_features)}
+        if self.bias:
+            shapes["bias"] = (self.out_features,)
+        return shapes
+
+
+class PatchEmbed2D(_Node, frozen=True, kw_only=True, tag="patch_embed_2d"):
+    """ViT patch embedding: image (batch, channels, H, W) -> (batch, (H/p)*(W/p), dim).
+
+    Follows Dosovitskiy et al., "An Image is Worth 16x16 Words" (arXiv 2010.11929).
+    """
+
+    in_channels: int
+    """Image channels (3 for RGB)."""
+    image_size: int
+    """Square image side in pixels."""
+    patch_size: int
+    """Square patch side in pixels; must divide ``image_size``."""
+    dim: int
+    """Embedding width of each patch token."""
+
+    def __post_init__(self) -> None:
+        self._positive(in_channels=self.in_channels, image_size=self.image_size,
+                       patch_size=self.patch_size, dim=self.dim)
+        if self.image_size % self.patch_size:
+            self._fail(f"patch_size {self.patch_size} must divide image_size {self.image_size}")
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def in_dim(self) -> int | None:
+        return None
+
+    @property
+    def out_dim(self) -> int:
+        return self.dim
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        p = self.patch_size
+        return {"weight": (self.dim, self.in_channels, p, p), "bias": (self.dim,)}
+
+
+class LearnedPositional(_Node, frozen=True, kw_only=True, tag="learned_positional"):
+    """Learned absolute position embedding added to (batch, seq<=length, dim)."""
+
+    length: int
+    """Maximum sequence length."""
+    dim: int
+    """Embedding width."""
+
+    def __post_init__(self) -> None:
+        self._positive(length=self.length, dim=self.dim)
+
+    @property
+    def in_dim(self) -> int:
+        return self.dim
+
+    @property
+    def out_dim(self) -> int:
+        return self.dim
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"weight": (self.length, self.dim)}
+
+
+class Norm(_Node, frozen=True, kw_only=True, tag="norm"):
+    """LayerNorm or RMSNorm over the last dim (shape preserving)."""
+
+    dim: int
+    """Normalized feature size."""
+    kind: Literal["layer", "rms"] = "layer"
+    """``"layer"`` (Ba et al. 2016) or ``"rms"`` (Zhang & Sennrich 2019)."""
+    eps: float = 1e-5
+    """Added to the variance for stability."""
+
+    def __post_init__(self) -> None:
+        self._positive(dim=self.dim)
+        if self.kind not in ("layer", "rms"):
+            self._fail(f"kind must be 'layer' or 'rms', got {self.kind!r}")
+
+    @property
+    def in_dim(self) -> int:
+        return self.dim
+
+    @property
+    def out_dim(self) -> int:
+        return self.dim
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        shapes = {"weight": (self.dim,)}
+        if self.kind == "layer":
+            shapes["bias"] = (self.dim,)
+        return shapes
+
+
+class Attention(_Node, frozen=True, kw_only=True, tag="attention"):
+    """Multi-head self-attention with grouped-query heads (GQA) and a mask kind.
+
+    (batch, seq, dim) -> (batch, seq, dim). q/k/v projections are column-parallel,
+    the output projection row-parallel (Megatron-LM, arXiv 1909.08053).
+    """
+
+    dim: int
+    """Model width."""
+    heads: int
+    """Query heads; must divide ``dim``."""
+    kv_heads: int
+    """Key/value heads; must divide ``heads`` (GQA, arXiv 2305.13245)."""
+    mask: MaskKind = "causal"
+    """Which positions may attend to which (see lf_kernels.MaskSpec)."""
+    bias: bool = False
+    """Whether the q/k/v/o projections carry biases."""
+
+    def __post_init__(self) -> None:
+        self._positive(dim=self.dim, heads=self.heads, kv_heads=self.kv_heads)
+        if self.dim % self.heads:
+            self._fail(f"dim {self.dim} is not divisible by heads {self.heads}")
+        if self.heads % self.kv_heads:
+            self._fail(f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
+        if self.mask not in ("full", "causal", "prefix_lm"):
+            self._fail(f"unknown mask kind {self.mask!r}; expected full, causal or prefix_lm")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+    @property
+    def in_dim(self) -> int:
+        return self.dim
+
+    @property
+    def out_dim(self) -> int:
+        return self.dim
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        kv = self.kv_heads * self.head_dim
+        shapes = {"q.weight": (self.dim, self.dim), "k.weight": (kv, self.dim),
+                  "v.weight": (kv, self.dim), "o.weight": (self.dim, self.dim)}
+        if self.bias:
+            shapes.update({"q.bias": (self.dim,), "k.bias": (kv,), "v.bias": (kv,), "o.bias": (self.dim,)})
+        return shapes
+
+
+class MLP(_Node, frozen=True, kw_only=True, tag="mlp"):
+    """Feed-forward block: GELU MLP or SwiGLU (Shazeer 2020, arXiv 2002.05202)."""
+
+    dim: int
+    """Model width (input and output)."""
+    hidden: int
+    """Hidden width."""
+    activation: Literal["gelu", "swiglu"] = "gelu"
+    """``"gelu"``: up -> GELU -> down; ``"swiglu"``: (silu(gate) * up) -> down."""
+    bias: bool = True
+    """Whether the projections carry biases."""
+
+    def __post_init__(self) -> None:
+        self._positive(dim=self.dim, hidden=self.hidden)
+        if self.activation not in ("gelu", "swiglu"):
+            self._fail(f"activation must be 'gelu' or 'swiglu', got {self.activation!r}")
+
+    @property
+    def in_dim(self) -> int:
+        return self.dim
+
+    @property
+    def out_dim(self) -> int:
+        return self.dim
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        names = ["up", "down"] + (["gate"] if self.activation == "swiglu" else [])
+        shapes: dict[str, tuple[int, ...]] = {}
+        for n in names:
+            shape = (self.dim, self.hidden) if n == "down" else (self.hidden, self.dim)
+            shapes[f"{n}.weight"] = shape
+            if self.bias:
+                shapes[f"{n}.bias"] = (shape[0],)
+        return shapes
+
+
+class TransformerBlock(_Node, frozen=True, kw_only=True, tag="transformer_block"):
+    """Pre-norm residual block: x + attn(norm1(x)), then x + mlp(norm2(x))."""
+
+    attn_norm: Norm
+    """Norm before attention."""
+    attention: Attention
+    """Self-attention."""
+    mlp_norm: Norm
+    """Norm before the MLP."""
+    mlp: MLP
+    """Feed-forward."""
+
+    def __post_init__(self) -> None:
+        dims = {self.attn_norm.dim, self.attention.dim, self.mlp_norm.dim, self.mlp.dim}
+        if len(dims) != 1:
+            self._fail(f"sub-node widths disagree: {sorted(dims)}")
+
+    @property
+    def in_dim(self) -> int:
+        return self.attention.dim
+
+    @property
+    def out_dim(self) -> int:
+        return self.attention.dim
+
+    def children(self) -> tuple[Norm, Attention, Norm, MLP]:
+        return (self.attn_norm, self.attention, self.mlp_norm, self.mlp)
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        shapes: dict[str, tuple[int, ...]] = {}
+        for key, child in zip(("attn_norm", "attention", "mlp_norm", "mlp"), self.children(), strict=True):
+            shapes.update({f"{key}.{k}": v for k, v in child.param_shapes().items()})
+        return shapes
+
+
+Node = Embedding | Linear | PatchEmbed2D | LearnedPositional | Norm | Attention | MLP | TransformerBlock
+"""Any IR node (a tagged union: JSON carries the ``op`` field)."""

@@ -1,0 +1,227 @@
+"""VLA recipe: a ViT patch encoder and a decoder-only transformer over action tokens.
+
+Sequence layout per sample (the prefix attends bidirectionally, actions causally;
+the prefix-LM mask of Raffel et al. 2020 / PaLI, as in OpenVLA, arXiv 2406.09246):
+
+    [ image patches | instruction tokens (padded) | state | action tokens ]
+      <------------------- prefix ------------------->   <-- causal ---->
+
+Instruction and action tokens share one embedding table and one output head:
+action bins occupy the reserved ids at the end of the vocabulary
+(``lf_tokenize_action.ActionVocab``). Training is teacher-forced next-token
+prediction on the action positions; inference decodes greedily over the action
+range only.
+
+Legend: ``x_bsd`` (batch, seq, dim); images are uint8 (batch, H, W, 3).
+"""
+
+from __future__ import annotations
+
+import msgspec
+import torch
+from torch import nn
+
+from lf_ir._graph import Component, Edge, Graph, validate
+from lf_ir._lower import ComponentModule
+from lf_ir._nodes import (
+    MLP,
+    Attention,
+    Embedding,
+    IRError,
+    LearnedPositional,
+    Linear,
+    Norm,
+    PatchEmbed2D,
+    TransformerBlock,
+)
+from lf_kernels import MaskSpec
+
+
+class VLAConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Sizes of the VLA recipe. All widths in features, lengths in tokens."""
+
+    image_size: int = 64
+    """Square camera image side, pixels."""
+    patch_size: int = 16
+    """ViT patch side, pixels."""
+    vision_dim: int = 128
+    """Vision encoder width."""
+    vision_layers: int = 2
+    """Vision encoder blocks."""
+    vision_heads: int = 4
+    """Vision encoder attention heads."""
+    text_vocab_size: int = 64
+    """Instruction vocabulary (ids below this are text; action ids follow)."""
+    n_action_bins: int = 256
+    """Action token bins (reserved ids at the end of the vocabulary)."""
+    max_instruction_len: int = 16
+    """Instruction tokens per sample (padded)."""
+    state_dim: int = 39
+    """Proprioceptive state features."""
+    action_dim: int = 4
+    """Action dimensions per time step."""
+    action_horizon: int = 4
+    """Time steps per predicted action chunk."""
+    dim: int = 192
+    """Backbone width."""
+    layers: int = 4
+    """Backbone blocks."""
+    heads: int = 6
+    """Backbone query heads."""
+    kv_heads: int = 6
+    """Backbone key/value heads (GQA when smaller than heads)."""
+    mlp_ratio: int = 4
+    """MLP hidden width as a multiple of the model width."""
+
+    @property
+    def vocab_size(self) -> int:
+        return self.text_vocab_size + self.n_action_bins
+
+    @property
+    def num_action_tokens(self) -> int:
+        return self.action_horizon * self.action_dim
+
+    @property
+    def prefix_len(self) -> int:
+        return (self.image_size // self.patch_size) ** 2 + self.max_instruction_len + 1
+
+    @property
+    def seq_len(self) -> int:
+        """Backbone input length in training: the prefix and all but the last action token."""
+        return self.prefix_len + self.num_action_tokens - 1
+
+
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(vision_dim=32, vision_layers=1, vision_heads=2, dim=32, layers=2, heads=4,
+                 kv_heads=2, mlp_ratio=2),
+    "small": {},
+}
+"""Named sizes: overrides of the VLAConfig defaults."""
+
+
+def vla_config(size: str = "small", **overrides: int) -> VLAConfig:
+    """The config of a named size with field overrides; ValueError on an unknown size."""
+    if size not in SIZES:
+        raise ValueError(f"model.size: unknown VLA size {size!r}; expected one of {sorted(SIZES)}")
+    return VLAConfig(**{**SIZES[size], **overrides})
+
+
+def _blocks(prefix: str, n: int, dim: int, heads: int, kv_heads: int, hidden: int,
+            mask: str) -> list[TransformerBlock]:
+    return [TransformerBlock(
+        name=f"{prefix}{i}",
+        attn_norm=Norm(name=f"{prefix}{i}.attn_norm", dim=dim),
+        attention=Attention(name=f"{prefix}{i}.attention", dim=dim, heads=heads,
+                            kv_heads=kv_heads, mask=mask),
+        mlp_norm=Norm(name=f"{prefix}{i}.mlp_norm", dim=dim),
+        mlp=MLP(name=f"{prefix}{i}.mlp", dim=dim, hidden=hidden)) for i in range(n)]
+
+
+def build_graph(cfg: VLAConfig) -> Graph:
+    """The IR graph of a VLA with config ``cfg``; IRError naming the bad node."""
+    patches = (cfg.image_size // cfg.patch_size) ** 2
+    vision = Component(name="vision", modality="image", seq_len=patches, nodes=[
+        PatchEmbed2D(name="patch", in_channels=3, image_size=cfg.image_size,
+                     patch_size=cfg.patch_size, dim=cfg.vision_dim),
+        LearnedPositional(name="pos", length=patches, dim=cfg.vision_dim),
+        *_blocks("block", cfg.vision_layers, cfg.vision_dim, cfg.vision_heads,
+                 cfg.vision_heads, cfg.vision_dim * cfg.mlp_ratio, "full"),
+        Norm(name="norm", dim=cfg.vision_dim),
+        Linear(name="proj", in_features=cfg.vision_dim, out_features=cfg.dim),
+    ])
+    tokens = Component(name="tokens", modality="text",
+                       seq_len=cfg.max_instruction_len + cfg.num_action_tokens - 1,
+                       nodes=[Embedding(name="embed", num_embeddings=cfg.vocab_size, dim=cfg.dim)])
+    state = Component(name="state", modality="state", seq_len=1, nodes=[
+        Linear(name="proj", in_features=cfg.state_dim, out_features=cfg.dim)])
+    backbone = Component(name="backbone", modality="sequence", seq_len=cfg.seq_len, nodes=[
+        LearnedPositional(name="pos", length=cfg.seq_len, dim=cfg.dim),
+        *_blocks("block", cfg.layers, cfg.dim, cfg.heads, cfg.kv_heads,
+                 cfg.dim * cfg.mlp_ratio, "prefix_lm"),
+        Norm(name="norm", dim=cfg.dim),
+        Linear(name="head", in_features=cfg.dim, out_features=cfg.vocab_size, bias=False),
+    ])
+    edges = [Edge(src="vision", src_node="proj", dst="backbone", kind="prefix_tokens"),
+             Edge(src="tokens", src_node="embed", dst="backbone", kind="tokens"),
+             Edge(src="state", src_node="proj", dst="backbone", kind="prefix_tokens")]
+    return validate(Graph(name="vla", recipe="vla", components=[vision, tokens, state, backbone],
+                          edges=edges))
+
+
+class VLAModel(nn.Module):
+    """The lowered VLA. Build under ``torch.device("meta")`` and materialize with lf_ir.materialize."""
+
+    def __init__(self, cfg: VLAConfig, graph: Graph | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.graph = graph if graph is not None else build_graph(cfg)
+        self.components = nn.ModuleDict({c.name: ComponentModule(c) for c in self.graph.components})
+        self.mask = MaskSpec(kind="prefix_lm", prefix_len=cfg.prefix_len)
+        self.register_buffer("pixel_scale", torch.tensor(2.0 / 255.0), persistent=False)
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        """All transformer blocks (vision then backbone), for recompute and planning."""
+        return [b for c in self.components.values() for b in c.blocks]
+
+    def encode_prefix(self, image: torch.Tensor, instruction_ids: torch.Tensor,
+                      instruction_mask: torch.Tensor, state: torch.Tensor):
+        """Prefix embeddings (batch, prefix_len, dim) and its key padding (batch, prefix_len) bool.
+
+        image uint8 (batch, H, W, 3); instruction_ids int64 (batch, max_instruction_len);
+        instruction_mask bool (same, True = real token); state float32 (batch, state_dim), normalized.
+        """
+        cfg, comps = self.cfg, self.components
+        if image.shape[1:] != (cfg.image_size, cfg.image_size, 3):
+            raise ValueError(f"image: expected (batch, {cfg.image_size}, {cfg.image_size}, 3), "
+                             f"got {tuple(image.shape)}")
+        pixels = image.permute(0, 3, 1, 2).to(self.pixel_scale.dtype) * self.pixel_scale - 1.0
+        vision = comps["vision"](pixels, mask=MaskSpec(kind="full"))
+        text = comps["tokens"](instruction_ids)
+        state_tok = comps["state"](state.to(vision.dtype)).unsqueeze(1)
+        prefix = torch.cat([vision, text, state_tok], dim=1)
+        b = image.shape[0]
+        ones = torch.ones(b, vision.shape[1], dtype=torch.bool, device=image.device)
+        padding = torch.cat([ones, instruction_mask.bool(), ones[:, :1]], dim=1)
+        return prefix, padding
+
+    def decode(self, prefix: torch.Tensor, padding: torch.Tensor,
+               action_in_ids: torch.Tensor) -> torch.Tensor:
+        """Logits (batch, 1 + n_in, vocab) for the action positions after ``prefix``.
+
+        Position j predicts action token j given the prefix and action tokens < j.
+        """
+        backbone = self.components["backbone"]
+        x = torch.cat([prefix, self.components["tokens"](action_in_ids)], dim=1)
+        pad = torch.cat([padding, torch.ones_like(action_in_ids, dtype=torch.bool)], dim=1)
+        x = backbone(x, mask=self.mask, key_padding=pad)
+        return x[:, self.cfg.prefix_len - 1:]
+
+    def forward(self, image, instruction_ids, instruction_mask, state, action_in_ids):
+        """Teacher-forced logits (batch, num_action_tokens, vocab); see encode_prefix for inputs.
+
+        action_in_ids int64 (batch, num_action_tokens - 1): the action tokens shifted right.
+        """
+        n_in = self.cfg.num_action_tokens - 1
+        if action_in_ids.shape[1] != n_in:
+            raise ValueError(f"action_in_ids: expected {n_in} tokens, got {action_in_ids.shape[1]}")
+        prefix, padding = self.encode_prefix(image, instruction_ids, instruction_mask, state)
+        return self.decode(prefix, padding, action_in_ids)
+
+    @torch.no_grad()
+    def generate(self, image, instruction_ids, instruction_mask, state) -> torch.Tensor:
+        """Greedy action tokens (batch, num_action_tokens) int64, restricted to the action ids."""
+        cfg = self.cfg
+        prefix, padding = self.encode_prefix(image, instruction_ids, instruction_mask, state)
+        out = torch.empty(image.shape[0], 0, dtype=torch.long, device=image.device)
+        for _ in range(cfg.num_action_tokens):
+            logits = self.decode(prefix, padding, out)[:, -1, cfg.text_vocab_size:]
+            out = torch.cat([out, logits.argmax(-1, keepdim=True) + cfg.text_vocab_size], dim=1)
+        return out
+
+
+def check_vocab(cfg: VLAConfig, text_vocab_size: int) -> None:
+    """IRError if a text tokenizer of ``text_vocab_size`` ids does not fit ``cfg``."""
+    if text_vocab_size > cfg.text_vocab_size:
+        raise IRError(f"node 'tokens.embed': text vocabulary of {text_vocab_size} ids exceeds "
+                      f"model.text_vocab_size={cfg.text_vocab_size}")
