@@ -157,7 +157,6 @@ class VLAModel(nn.Module):
         self.graph = graph if graph is not None else build_graph(cfg)
         self.components = nn.ModuleDict({c.name: ComponentModule(c) for c in self.graph.components})
         self.mask = MaskSpec(kind="prefix_lm", prefix_len=cfg.prefix_len)
-        self.register_buffer("pixel_scale", torch.tensor(2.0 / 255.0), persistent=False)
 
     @property
     def blocks(self) -> list[nn.Module]:
@@ -175,7 +174,8 @@ class VLAModel(nn.Module):
         if image.shape[1:] != (cfg.image_size, cfg.image_size, 3):
             raise ValueError(f"image: expected (batch, {cfg.image_size}, {cfg.image_size}, 3), "
                              f"got {tuple(image.shape)}")
-        pixels = image.permute(0, 3, 1, 2).to(self.pixel_scale.dtype) * self.pixel_scale - 1.0
+        dtype = self.components["state"].layers[0].weight.dtype
+        pixels = image.permute(0, 3, 1, 2).to(dtype) * (2.0 / 255.0) - 1.0  # uint8 -> [-1, 1]
         vision = comps["vision"](pixels, mask=MaskSpec(kind="full"))
         text = comps["tokens"](instruction_ids)
         state_tok = comps["state"](state.to(vision.dtype)).unsqueeze(1)

@@ -1,0 +1,105 @@
+"""Build the pieces of a VLA run from a config: data encoder and model.
+
+Used by training and by evaluation, so both see the same tokenizers,
+normalization and model shape. Everything a run needs to act again is written
+to (and read back from) its run folder:
+
+    instruction_tokenizer.json   HF tokenizers file
+    action_tokenizer.json        lf-tokenize-action binning tokenizer
+    normalization.json           state mean/std
+    model.json                   the VLA recipe config and its IR graph
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import torch
+from tokenizers import Tokenizer
+
+from lf_data import LeRobotDataset, VLABatchEncoder, build_instruction_tokenizer
+from lf_ir import VLAConfig, VLAModel, materialize, to_json, vla_config
+from lf_orchestrator.checkpoint import write_text_atomic
+from lf_orchestrator.config import Config, ConfigError
+from lf_tokenize_action import BinningTokenizer
+
+STATE_KEY, ACTION_KEY = "observation.state", "action"
+
+
+def _stats(dataset: LeRobotDataset, key: str) -> dict[str, list[float]]:
+    if key not in dataset.stats:
+        raise ConfigError(f"data.path: dataset {dataset.root} has no statistics for feature "
+                          f"{key!r} in meta/stats.json (found {sorted(dataset.stats)})")
+    return dataset.stats[key]
+
+
+def build_encoder(cfg: Config, dataset: LeRobotDataset) -> VLABatchEncoder:
+    """Fit the tokenizers and state normalization on ``dataset`` (fresh runs)."""
+    tok = cfg.action_tokenizer
+    action_tokenizer = BinningTokenizer.fit(_stats(dataset, ACTION_KEY), n_bins=tok.n_bins,
+                                            bounds=tok.bounds)
+    state = _stats(dataset, STATE_KEY)
+    return VLABatchEncoder(build_instruction_tokenizer(dataset.tasks), action_tokenizer,
+                           state["mean"], state["std"],
+                           max_instruction_len=cfg.data.max_instruction_len)
+
+
+def save_encoder(encoder: VLABatchEncoder, run_dir: Path) -> None:
+    """Write the encoder's tokenizers and normalization into ``run_dir``."""
+    run_dir = Path(run_dir)
+    write_text_atomic(run_dir / "instruction_tokenizer.json",
+                      encoder.instruction_tokenizer.to_str())
+    encoder.action_tokenizer.save(run_dir / "action_tokenizer.json")
+    write_text_atomic(run_dir / "normalization.json", json.dumps(
+        {"state_mean": encoder.state_mean.tolist(), "state_std": encoder.state_std.tolist()}))
+
+
+def load_encoder(cfg: Config, run_dir: Path) -> VLABatchEncoder:
+    """The encoder a run saved (FileNotFoundError naming the missing file)."""
+    run_dir = Path(run_dir)
+    for name in ("instruction_tokenizer.json", "action_tokenizer.json", "normalization.json"):
+        if not (run_dir / name).is_file():
+            raise FileNotFoundError(f"run folder {run_dir}: missing {name}")
+    norm = json.loads((run_dir / "normalization.json").read_text())
+    return VLABatchEncoder(Tokenizer.from_file(str(run_dir / "instruction_tokenizer.json")),
+                           BinningTokenizer.load(run_dir / "action_tokenizer.json"),
+                           norm["state_mean"], norm["state_std"],
+                           max_instruction_len=cfg.data.max_instruction_len)
+
+
+def model_config(cfg: Config, encoder: VLABatchEncoder) -> VLAConfig:
+    """The recipe config implied by the run config and the fitted encoder."""
+    try:
+        return vla_config(cfg.model.size, **{
+            "image_size": cfg.data.image_size,
+            "text_vocab_size": encoder.text_vocab_size,
+            "n_action_bins": encoder.action_tokenizer.n_bins,
+            "max_instruction_len": cfg.data.max_instruction_len,
+            "state_dim": int(encoder.state_mean.shape[0]),
+            "action_dim": encoder.action_tokenizer.action_dim,
+            "action_horizon": cfg.data.action_horizon,
+            **cfg.model.overrides})
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"model: {err}") from None
+
+
+def build_model(vla_cfg: VLAConfig, device: torch.device, seed: int) -> VLAModel:
+    """Lower the VLA graph on the meta device, then materialize it on ``device``."""
+    with torch.device("meta"):
+        model = VLAModel(vla_cfg)
+    return materialize(model, device, seed)
+
+
+def save_model_spec(model: VLAModel, run_dir: Path) -> None:
+    """``model.json``: the recipe config and IR graph, for people and for `lf eval`."""
+    spec = {"recipe": "vla", "config": msgspec.to_builtins(model.cfg),
+            "graph": json.loads(to_json(model.graph))}
+    write_text_atomic(Path(run_dir) / "model.json", json.dumps(spec, indent=1))
+
+
+def load_model_config(run_dir: Path) -> VLAConfig:
+    """The VLAConfig stored in a run's ``model.json``."""
+    spec = json.loads((Path(run_dir) / "model.json").read_text())
+    return msgspec.convert(spec["config"], VLAConfig)

@@ -1,0 +1,228 @@
+"""The `lf` command line (Typer + rich).
+
+Heavy imports (torch, the libraries) happen inside the commands, after the
+config is validated, so a bad config fails in well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from lf_orchestrator import __version__
+from lf_orchestrator.config import ConfigError, json_schema, load_config, to_toml
+
+app = typer.Typer(help="LoongForge: train multimodal models from one config file.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+config_app = typer.Typer(help="Show or describe run configs.", no_args_is_help=True)
+data_app = typer.Typer(help="Make and inspect datasets.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+app.add_typer(data_app, name="data")
+console = Console(stderr=True)
+
+SetOpt = Annotated[Optional[list[str]], typer.Option(
+    "--set", help="Override a config value: section.key=value (TOML value).")]
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"lf {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                              help="Print the version and exit.")] = False):
+    """LoongForge (lf)."""
+
+
+def _threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n or os.cpu_count() or 1)
+
+
+def _new_run_dir(cfg, ctx) -> Path:
+    import torch.distributed as dist
+
+    name = [f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"]
+    if ctx.distributed:
+        dist.broadcast_object_list(name, src=0)
+    run_dir = Path(cfg.run.out_dir) / name[0]
+    if ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=False)
+    if ctx.distributed:
+        dist.barrier()
+    return run_dir
+
+
+def print_eval(report: dict) -> None:
+    """The success table of an evaluation report."""
+    table = Table(title="Closed-loop success (Meta-World)")
+    for col in ("task", "episodes", "VLA", "random policy"):
+        table.add_column(col, justify="right" if col != "task" else "left")
+    for row in report["tasks"]:
+        rnd = row.get("random_success")
+        table.add_row(row["task"], str(row["episodes"]), f"{100 * row['vla_success']:.0f}%",
+                      "-" if rnd is None else f"{100 * rnd:.0f}%")
+    Console().print(table)
+
+
+@app.command()
+def run(config: Annotated[Optional[Path], typer.Argument(
+            help="Run config (TOML). Omitted: the embedded Meta-World VLA default.")] = None,
+        overrides: SetOpt = None,
+        resume: Annotated[Optional[Path], typer.Option(
+            help="Continue the run in this folder from its latest checkpoint.")] = None):
+    """Train a model from one config file, then evaluate it."""
+    try:
+        if resume is not None:
+            if not (resume / "config.toml").is_file():
+                _fail(f"--resume {resume}: not a run folder (no config.toml)")
+            cfg = load_config(resume / "config.toml", overrides)
+        else:
+            cfg = load_config(config, overrides)
+    except ConfigError as err:
+        _fail(str(err))
+    _threads(cfg.run.threads)
+    from lf_parallel import PlanError, init_distributed, shutdown
+
+    ctx = init_distributed(cfg.run.device)
+    try:
+        _train_and_eval(cfg, ctx, resume)
+    except (ConfigError, PlanError) as err:
+        _fail(str(err))
+    finally:
+        shutdown(ctx)
+
+
+def _train_and_eval(cfg, ctx, resume: Optional[Path]) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from lf_orchestrator.checkpoint import write_text_atomic
+    from lf_orchestrator.trainer import Trainer
+
+    run_dir = resume if resume is not None else _new_run_dir(cfg, ctx)
+    if ctx.is_main:
+        write_text_atomic(run_dir / "config.toml", to_toml(cfg))
+        console.print(f"run folder: [bold]{run_dir}[/]")
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+                        console=console, disable=not ctx.is_main, transient=False)
+    with progress:
+        gen = progress.add_task("demonstrations", total=None, info="", visible=False)
+
+        def on_data(done: int, total: int) -> None:
+            progress.update(gen, completed=done, total=total, visible=True)
+
+        trainer = Trainer(cfg, run_dir, ctx, resume=resume is not None, data_progress=on_data)
+        if ctx.is_main:
+            write_text_atomic(run_dir / "plan.json", json.dumps(
+                {"plan": trainer.plan.describe(), "world_size": ctx.world_size,
+                 "device": str(ctx.device), "precision": str(trainer.precision.compute_dtype),
+                 "recomputed_blocks": trainer.recomputed}))
+            console.print(f"plan: {trainer.plan.describe()} on {ctx.device}, "
+                          f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters")
+        bar = progress.add_task("training", total=cfg.train.steps, completed=trainer.step,
+                                info="")
+        speed = {"tok": 0.0}
+
+        def on_step(step: int, s: dict) -> None:
+            speed["tok"] = s.get("perf/tokens_per_s", speed["tok"])
+            progress.update(bar, completed=step, info=f"loss {s['train/loss']:.3f} "
+                            f"acc {s['train/token_accuracy']:.2f} {speed['tok']:,.0f} tok/s")
+
+        summary = trainer.fit(on_step)
+    if not ctx.is_main:
+        return
+    write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=1))
+    console.print(f"trained {summary['steps']} steps in {summary['seconds']:.0f} s; "
+                  f"loss curve: {run_dir / 'loss_curve.png'}")
+    if cfg.eval.at_end and cfg.data.source == "metaworld":
+        from lf_orchestrator.evaluate import evaluate_run
+
+        console.print("evaluating closed-loop in Meta-World ...")
+        print_eval(evaluate_run(run_dir, device=ctx.device))
+
+
+@app.command("eval")
+def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by `lf run`.")],
+             episodes: Annotated[Optional[int], typer.Option(help="Episodes per task.")] = None,
+             tasks: Annotated[Optional[str], typer.Option(help="Comma-separated tasks.")] = None,
+             random: Annotated[bool, typer.Option(help="Measure the random baseline.")] = True,
+             device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto"):
+    """Run a trained VLA closed-loop in Meta-World and report success per task."""
+    if not (run_dir / "config.toml").is_file():
+        _fail(f"{run_dir}: not a run folder (no config.toml)")
+    if episodes is not None and episodes < 1:
+        _fail(f"--episodes must be >= 1, got {episodes}")
+    _threads(0)
+    from lf_orchestrator.evaluate import evaluate_run
+    from lf_parallel import resolve_device
+
+    try:
+        report = evaluate_run(run_dir, device=resolve_device(device), episodes=episodes,
+                              tasks=tasks.split(",") if tasks else None, random_baseline=random)
+    except (FileNotFoundError, ConfigError, ValueError) as err:
+        _fail(str(err))
+    print_eval(report)
+
+
+@data_app.command("metaworld")
+def data_metaworld(
+        out: Annotated[Path, typer.Option(help="Output folder (LeRobot v3.0 dataset).")],
+        tasks: Annotated[str, typer.Option(help="Comma-separated Meta-World tasks.")] = "reach-v3",
+        episodes_per_task: Annotated[int, typer.Option(help="Episodes per task.")] = 20,
+        image_size: Annotated[int, typer.Option(help="Camera image side, pixels.")] = 64,
+        max_steps: Annotated[int, typer.Option(help="Episode step limit.")] = 150,
+        workers: Annotated[int, typer.Option(help="Generation processes.")] = 2,
+        seed: Annotated[int, typer.Option(help="Base reset seed.")] = 0):
+    """Record Meta-World scripted-expert demonstrations as a LeRobot v3.0 dataset."""
+    from rich.progress import Progress
+
+    from lf_data import generate_metaworld
+
+    with Progress(console=console) as progress:
+        bar = progress.add_task("demonstrations", total=None)
+        try:
+            path = generate_metaworld(out, tasks=[t.strip() for t in tasks.split(",")],
+                                      episodes_per_task=episodes_per_task, image_size=image_size,
+                                      max_steps=max_steps, seed=seed, workers=workers,
+                                      progress=lambda d, t: progress.update(bar, completed=d,
+                                                                            total=t))
+        except ValueError as err:
+            _fail(str(err))
+    console.print(f"dataset: {path}")
+
+
+@config_app.command("show")
+def config_show(config: Annotated[Optional[Path], typer.Argument(help="Run config.")] = None,
+                overrides: SetOpt = None):
+    """Print the resolved config (defaults filled in, overrides applied)."""
+    try:
+        print(to_toml(load_config(config, overrides)), end="")
+    except ConfigError as err:
+        _fail(str(err))
+
+
+@config_app.command("schema")
+def config_schema():
+    """Print the JSON Schema of run configs."""
+    print(json.dumps(json_schema(), indent=1))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

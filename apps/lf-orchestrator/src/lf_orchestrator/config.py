@@ -1,0 +1,261 @@
+"""The run config: typed msgspec structs decoded from one TOML file.
+
+Every section is a frozen, keyword-only struct whose fields carry a one-line
+docstring. Decoding rejects unknown keys and wrong types; :func:`load_config`
+turns msgspec's messages into one line naming the file and the dotted key.
+This module imports no torch so that config errors appear in well under a
+second.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the file and the dotted key."""
+
+
+class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class RunSection(_Section):
+    name: str = "metaworld-vla"
+    """Run name; the run folder is ``{out_dir}/{name}-{timestamp}``."""
+    out_dir: str = "runs"
+    """Folder that holds run folders."""
+    seed: int = 0
+    """Seed for weights, data order and evaluation."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to compute: ``auto`` takes the GPU when there is one."""
+    threads: int = 0
+    """CPU threads for torch (0 = all cores)."""
+
+
+class DataSection(_Section):
+    source: Literal["metaworld", "lerobot"] = "metaworld"
+    """``metaworld``: generate expert demonstrations into ``path`` if absent; ``lerobot``: read ``path``."""
+    path: str = ".lf-cache/metaworld-vla"
+    """Dataset folder (LeRobot v3.0)."""
+    tasks: list[str] = msgspec.field(
+        default_factory=lambda: ["reach-v3", "push-v3", "drawer-close-v3"])
+    """Meta-World tasks to generate and evaluate."""
+    episodes_per_task: int = 40
+    """Expert episodes per task."""
+    image_size: int = 64
+    """Camera image side, pixels."""
+    max_steps: int = 150
+    """Episode length limit, steps."""
+    workers: int = 2
+    """Processes for generation."""
+    action_horizon: int = 4
+    """Action steps predicted per sample (action chunk)."""
+    max_instruction_len: int = 8
+    """Instruction tokens per sample."""
+
+
+class ActionTokenizerSection(_Section):
+    kind: Literal["binning"] = "binning"
+    """Action tokenizer (lf-tokenize-action)."""
+    n_bins: int = 256
+    """Bins per action dimension."""
+    bounds: Literal["q01_q99", "min_max"] = "q01_q99"
+    """Normalization bounds taken from the dataset statistics."""
+
+
+class ModelSection(_Section):
+    recipe: Literal["vla"] = "vla"
+    """IR recipe."""
+    size: str = "small"
+    """Named size of the recipe."""
+    overrides: dict[str, int] = msgspec.field(default_factory=dict)
+    """Recipe config fields to override (e.g. ``dim = 256``)."""
+
+
+class TrainSection(_Section):
+    steps: int = 1500
+    """Optimizer steps."""
+    global_batch: int = 64
+    """Samples per optimizer step over all processes."""
+    lr: float = 1e-3
+    """Peak learning rate (AdamW)."""
+    min_lr_ratio: float = 0.05
+    """Cosine schedule floor as a fraction of ``lr``."""
+    warmup_steps: int = 100
+    """Linear warm-up steps."""
+    weight_decay: float = 0.01
+    """AdamW weight decay on matrices."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (0 disables)."""
+    log_every: int = 10
+    """Steps between scalar logs."""
+    ckpt_every: int = 250
+    """Steps between checkpoints."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept (oldest deleted)."""
+
+
+class MemorySection(_Section):
+    recompute: Literal["none", "full"] = "none"
+    """Activation recomputation per transformer block."""
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """Compute precision (lf-memory); ``auto`` is bf16 on GPUs that support it."""
+
+
+class ParallelSection(_Section):
+    plan: Literal["auto", "manual"] = "auto"
+    """``auto`` picks a data-parallel plan; ``manual`` uses the fields below."""
+    dp: int = 1
+    """Manual plan: data-parallel processes."""
+    micro_batch: int = 64
+    """Manual plan: samples per process per micro-step; auto: the largest allowed."""
+    grad_accum: int = 1
+    """Manual plan: micro-batches per step."""
+
+
+class EvalSection(_Section):
+    episodes: int = 20
+    """Closed-loop episodes per task."""
+    max_steps: int = 150
+    """Steps per episode before it counts as a failure."""
+    seed: int = 100_000
+    """First reset seed of evaluation (disjoint from training seeds)."""
+    at_end: bool = True
+    """Evaluate when training ends."""
+    random_baseline: bool = True
+    """Also measure a uniform random-action policy."""
+
+
+class Config(_Section):
+    """One run: every section of the TOML file."""
+
+    run: RunSection = RunSection()
+    data: DataSection = DataSection()
+    action_tokenizer: ActionTokenizerSection = ActionTokenizerSection()
+    model: ModelSection = ModelSection()
+    train: TrainSection = TrainSection()
+    memory: MemorySection = MemorySection()
+    parallel: ParallelSection = ParallelSection()
+    eval: EvalSection = EvalSection()
+
+
+DEFAULT_NAME = "metaworld_vla.toml"
+
+
+def default_config_text() -> str:
+    """The embedded default config (Meta-World VLA) as TOML text."""
+    return resources.files("lf_orchestrator.defaults").joinpath(DEFAULT_NAME).read_text()
+
+
+def _set_dotted(tree: dict[str, Any], key: str, raw: str, where: str) -> None:
+    parts = key.split(".")
+    if len(parts) < 2 or not all(parts):
+        raise ConfigError(f"{where}: --set {key}={raw}: expected section.key=value")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word is a string
+    node = tree
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{where}: --set {key}: {p!r} is not a section")
+    node[parts[-1]] = value
+
+
+_UNKNOWN = re.compile(r"Object contains unknown field `(?P<field>[^`]+)`(?: - at `\$\.?(?P<at>[^`]*)`)?")
+_AT = re.compile(r"(?P<msg>.*?)(?: - at `\$\.?(?P<at>[^`]*)`)?$")
+
+
+def _explain(err: msgspec.ValidationError, where: str) -> ConfigError:
+    text = str(err)
+    m = _UNKNOWN.match(text)
+    if m:
+        key = ".".join(p for p in (m["at"], m["field"]) if p)
+        return ConfigError(f"{where}: unknown key '{key}'")
+    m = _AT.match(text)
+    at = (m["at"] or "").replace("[", ".").replace("]", "") if m else ""
+    msg = m["msg"] if m else text
+    return ConfigError(f"{where}: {at or 'config'}: {msg.lower().replace('`', '')}")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read ``path`` (or the embedded default), apply ``--set`` overrides, validate.
+
+    Raises:
+        ConfigError: unreadable file, bad TOML, unknown key, wrong type or bad value;
+            the message names the file and the dotted key.
+    """
+    where = str(path) if path is not None else f"<default {DEFAULT_NAME}>"
+    if path is None:
+        text = default_config_text()
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"{where}: config file not found")
+        text = p.read_text()
+    try:
+        tree = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{where}: invalid TOML: {err}") from None
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ConfigError(f"{where}: --set {item}: expected section.key=value")
+        _set_dotted(tree, key.strip(), raw.strip(), where)
+    try:
+        cfg = msgspec.convert(tree, Config)
+    except msgspec.ValidationError as err:
+        raise _explain(err, where) from None
+    return check_config(cfg, where)
+
+
+def _require(ok: bool, where: str, key: str, expected: str, got: Any) -> None:
+    if not ok:
+        raise ConfigError(f"{where}: {key}: expected {expected}, got {got!r}")
+
+
+def check_config(cfg: Config, where: str = "config") -> Config:
+    """Range checks and paths that must exist; ConfigError naming the key otherwise."""
+    t, d, e = cfg.train, cfg.data, cfg.eval
+    for key, value in [("train.steps", t.steps), ("train.global_batch", t.global_batch),
+                       ("train.log_every", t.log_every), ("train.ckpt_every", t.ckpt_every),
+                       ("train.keep_checkpoints", t.keep_checkpoints),
+                       ("data.episodes_per_task", d.episodes_per_task),
+                       ("data.image_size", d.image_size), ("data.max_steps", d.max_steps),
+                       ("data.workers", d.workers), ("data.action_horizon", d.action_horizon),
+                       ("data.max_instruction_len", d.max_instruction_len),
+                       ("action_tokenizer.n_bins", cfg.action_tokenizer.n_bins),
+                       ("eval.episodes", e.episodes), ("eval.max_steps", e.max_steps),
+                       ("parallel.dp", cfg.parallel.dp),
+                       ("parallel.micro_batch", cfg.parallel.micro_batch),
+                       ("parallel.grad_accum", cfg.parallel.grad_accum)]:
+        _require(value >= 1, where, key, "an integer >= 1", value)
+    _require(t.lr > 0, where, "train.lr", "a number > 0", t.lr)
+    _require(0 <= t.min_lr_ratio <= 1, where, "train.min_lr_ratio", "a number in [0, 1]",
+             t.min_lr_ratio)
+    _require(t.warmup_steps >= 0, where, "train.warmup_steps", "an integer >= 0", t.warmup_steps)
+    _require(t.grad_clip >= 0, where, "train.grad_clip", "a number >= 0", t.grad_clip)
+    _require(cfg.run.threads >= 0, where, "run.threads", "an integer >= 0", cfg.run.threads)
+    _require(len(d.tasks) > 0, where, "data.tasks", "at least one task", d.tasks)
+    if d.source == "lerobot" and not (Path(d.path) / "meta" / "info.json").is_file():
+        raise ConfigError(f"{where}: data.path: no LeRobot dataset at '{d.path}' "
+                          f"(expected {Path(d.path) / 'meta' / 'info.json'})")
+    return cfg
+
+
+def to_toml(cfg: Config) -> str:
+    """The resolved config as TOML text (what the run folder stores)."""
+    return msgspec.toml.encode(cfg).decode()
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema of the config (``lf config schema``)."""
+    return msgspec.json.schema(Config)

@@ -1,0 +1,1 @@
+"""Embedded default configs."""

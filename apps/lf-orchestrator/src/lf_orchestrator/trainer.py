@@ -1,0 +1,189 @@
+"""The training loop of `lf run`: data -> encoder -> lowered model -> plan -> steps.
+
+The order in which techniques are applied is written here once:
+build on meta -> materialize -> activation recomputation (lf-memory) ->
+data parallel (lf-parallel) -> optimizer. Losses are normalized by the number
+of target tokens of the whole global batch (all micro-batches, all ranks), so
+gradient accumulation and data parallelism give the gradient of one large batch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lf_data import LeRobotDataset, ResumableSampler, generate_metaworld
+from lf_memory import apply_activation_checkpointing, resolve_precision
+from lf_orchestrator import assembly
+from lf_orchestrator.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from lf_orchestrator.config import Config
+from lf_orchestrator.metrics import MetricsLogger, plot_loss_curve
+from lf_parallel import DistContext, Plan, apply_data_parallel, check_plan, choose_plan, global_sum
+
+StepCallback = Callable[[int, dict[str, float]], None]
+
+
+def prepare_dataset(cfg: Config, ctx: DistContext,
+                    progress: Callable[[int, int], None] | None = None) -> LeRobotDataset:
+    """Generate the Meta-World demonstrations on rank 0 if needed, then open the dataset."""
+    d = cfg.data
+    if d.source == "metaworld" and ctx.is_main:
+        generate_metaworld(d.path, tasks=d.tasks, episodes_per_task=d.episodes_per_task,
+                           image_size=d.image_size, max_steps=d.max_steps, seed=cfg.run.seed,
+                           workers=d.workers, progress=progress)
+    if ctx.distributed:
+        torch.distributed.barrier()
+    return LeRobotDataset(d.path, action_horizon=d.action_horizon)
+
+
+def make_plan(cfg: Config, ctx: DistContext) -> Plan:
+    """The data-parallel plan: chosen (``auto``) or checked (``manual``)."""
+    p = cfg.parallel
+    if p.plan == "auto":
+        return choose_plan(world_size=ctx.world_size, global_batch=cfg.train.global_batch,
+                           max_micro_batch=p.micro_batch)
+    return check_plan(Plan(dp=p.dp, micro_batch=p.micro_batch, grad_accum=p.grad_accum),
+                      world_size=ctx.world_size, global_batch=cfg.train.global_batch)
+
+
+def make_optimizer(model: nn.Module, cfg: Config):
+    """AdamW (decay on matrices only) with linear warm-up and cosine decay."""
+    t = cfg.train
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=t.lr, betas=(0.9, 0.95))
+
+    def factor(step: int) -> float:
+        if step < t.warmup_steps:
+            return (step + 1) / t.warmup_steps
+        frac = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
+        return t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+class Trainer:
+    """One training run in ``run_dir`` (fresh, or resumed from its latest checkpoint)."""
+
+    def __init__(self, cfg: Config, run_dir: Path, ctx: DistContext, *, resume: bool = False,
+                 data_progress: Callable[[int, int], None] | None = None):
+        self.cfg, self.run_dir, self.ctx = cfg, Path(run_dir), ctx
+        torch.manual_seed(cfg.run.seed)
+        self.dataset = prepare_dataset(cfg, ctx, data_progress)
+        ckpt = latest_checkpoint(self.run_dir) if resume else None
+        if resume:
+            self.encoder = assembly.load_encoder(cfg, self.run_dir)
+        else:
+            self.encoder = assembly.build_encoder(cfg, self.dataset)
+            if ctx.is_main:
+                assembly.save_encoder(self.encoder, self.run_dir)
+        vla_cfg = assembly.model_config(cfg, self.encoder)
+        self.model = assembly.build_model(vla_cfg, ctx.device, cfg.run.seed)
+        if ctx.is_main:
+            assembly.save_model_spec(self.model, self.run_dir)
+        self.recomputed = apply_activation_checkpointing(
+            nn.ModuleList(self.model.blocks), cfg.memory.recompute == "full")
+        self.precision = resolve_precision(cfg.memory.precision, ctx.device)
+        self.plan = make_plan(cfg, ctx)
+        self.optimizer, self.scheduler = make_optimizer(self.model, cfg)
+        self.sampler = ResumableSampler(len(self.dataset), batch_size=self.plan.micro_batch,
+                                        seed=cfg.run.seed, rank=ctx.rank,
+                                        world_size=ctx.world_size)
+        self.step = 0
+        if ckpt is not None:
+            self._restore(ckpt)
+        self.ddp_model = apply_data_parallel(self.model, ctx)
+        self._indices = iter(self.sampler)
+
+    def _restore(self, path: Path) -> None:
+        model_state, state = load_checkpoint(path, self.ctx.device)
+        self.model.load_state_dict(model_state)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        torch.set_rng_state(state["rng_cpu"].cpu())
+        self.step = int(state["step"])
+
+    def save(self) -> Path | None:
+        """Checkpoint the current step (rank 0 writes; data-parallel replicas are equal)."""
+        if not self.ctx.is_main:
+            return None
+        state = {"step": self.step, "optimizer": self.optimizer.state_dict(),
+                 "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
+                 "rng_cpu": torch.get_rng_state(), "plan": self.plan.describe()}
+        return save_checkpoint(self.run_dir, self.step, self.model.state_dict(), state,
+                               keep=self.cfg.train.keep_checkpoints)
+
+    def _micro_batch(self) -> dict[str, torch.Tensor]:
+        idx = [next(self._indices) for _ in range(self.plan.micro_batch)]
+        batch = self.encoder.collate([self.dataset[i] for i in idx])
+        return {k: v.to(self.ctx.device, non_blocking=True) for k, v in batch.items()}
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step over ``grad_accum`` micro-batches; returns its scalars."""
+        batches = [self._micro_batch() for _ in range(self.plan.grad_accum)]
+        local_tokens = sum(int((b["labels"] != -100).sum()) for b in batches)
+        tokens = global_sum(torch.tensor(float(local_tokens), device=self.ctx.device), self.ctx)
+        # DDP averages gradients over ranks, so scale by world size to get sum / global tokens.
+        denom = tokens.clamp(min=1.0) / self.ctx.world_size
+        loss_sum = torch.zeros((), device=self.ctx.device)
+        correct = torch.zeros((), device=self.ctx.device)
+        self.ddp_model.train()
+        for b in batches:
+            with self.precision.autocast(self.ctx.device.type):
+                logits = self.ddp_model(b["image"], b["instruction_ids"], b["instruction_mask"],
+                                        b["state"], b["action_in_ids"])
+            logits = logits.float()
+            loss = F.cross_entropy(logits.flatten(0, 1), b["labels"].flatten(), reduction="sum",
+                                   ignore_index=-100)
+            (loss / denom).backward()
+            loss_sum += loss.detach()
+            valid = b["labels"] != -100
+            correct += ((logits.argmax(-1) == b["labels"]) & valid).sum()
+        clip = self.cfg.train.grad_clip
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else 1e30)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.step += 1
+        stats = global_sum(torch.stack([loss_sum, correct]), self.ctx)
+        return {"train/loss": float(stats[0] / tokens), "train/token_accuracy":
+                float(stats[1] / tokens), "train/grad_norm": float(grad_norm), "train/lr": lr,
+                "train/target_tokens": float(tokens)}
+
+    def fit(self, on_step: StepCallback | None = None) -> dict[str, Any]:
+        """Train until ``train.steps``, logging and checkpointing; returns a summary."""
+        t = self.cfg.train
+        logger = MetricsLogger(self.run_dir, start_step=self.step, enabled=self.ctx.is_main)
+        start_step, t0 = self.step, time.perf_counter()
+        last: dict[str, float] = {}
+        window_tokens, window_t = 0.0, time.perf_counter()
+        try:
+            while self.step < t.steps:
+                last = self.train_step()
+                window_tokens += t.global_batch * self.model.cfg.seq_len
+                if self.step % t.log_every == 0 or self.step == t.steps:
+                    now = time.perf_counter()
+                    last["perf/tokens_per_s"] = window_tokens / max(now - window_t, 1e-9)
+                    window_tokens, window_t = 0.0, now
+                    logger.log(self.step, last)
+                if on_step is not None:
+                    on_step(self.step, last)
+                if self.step % t.ckpt_every == 0 or self.step == t.steps:
+                    self.save()
+                    if self.ctx.is_main:
+                        plot_loss_curve(self.run_dir)
+        finally:
+            logger.close()
+        return {"steps": self.step, "resumed_from": start_step,
+                "seconds": time.perf_counter() - t0, "final": last}

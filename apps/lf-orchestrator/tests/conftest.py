@@ -1,0 +1,66 @@
+"""Shared fixtures: one tiny Meta-World dataset per test session and a tiny run config."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("MUJOCO_GL", "osmesa")
+
+TINY = """
+[run]
+name = "tiny"
+out_dir = "{out}"
+device = "cpu"
+threads = 2
+
+[data]
+source = "metaworld"
+path = "{data}"
+tasks = ["reach-v3"]
+episodes_per_task = 3
+image_size = 32
+max_steps = 60
+workers = 1
+action_horizon = 2
+max_instruction_len = 6
+
+[model]
+size = "tiny"
+overrides = {{ patch_size = 8 }}
+
+[train]
+steps = 6
+global_batch = 8
+lr = 3e-3
+warmup_steps = 2
+log_every = 1
+ckpt_every = 3
+
+[parallel]
+plan = "auto"
+micro_batch = 4
+
+[eval]
+episodes = 2
+max_steps = 20
+"""
+
+
+@pytest.fixture(scope="session")
+def dataset_dir(tmp_path_factory) -> Path:
+    from lf_data import generate_metaworld
+
+    path = tmp_path_factory.mktemp("data") / "reach"
+    generate_metaworld(path, tasks=["reach-v3"], episodes_per_task=3, image_size=32,
+                       max_steps=60, seed=0, workers=1)
+    return path
+
+
+@pytest.fixture
+def tiny_config(tmp_path, dataset_dir) -> Path:
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY.format(out=tmp_path / "runs", data=dataset_dir))
+    return cfg

@@ -1,0 +1,85 @@
+"""Config decoding and the one-line errors of `lf`. Oracle: the written config and the key
+that was broken; the CLI is driven through Typer's runner and, once, as a real process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from lf_orchestrator.cli import app
+from lf_orchestrator.config import ConfigError, load_config, to_toml
+
+runner = CliRunner()
+
+
+def _error_line(result) -> str:
+    lines = [ln for ln in result.output.strip().splitlines() if ln.strip()]
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+def test_default_config_resolves_and_round_trips(tmp_path):
+    cfg = load_config()
+    assert cfg.data.tasks[0] == "reach-v3" and cfg.model.recipe == "vla"
+    path = tmp_path / "resolved.toml"
+    path.write_text(to_toml(cfg))
+    assert load_config(path) == cfg
+
+
+def test_misspelled_key_is_named(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train]\nstepz = 3\n")
+    line = _error_line(runner.invoke(app, ["run", str(bad)]))
+    assert f"{bad}: unknown key 'train.stepz'" in line
+
+
+def test_non_numeric_learning_rate_is_named():
+    line = _error_line(runner.invoke(app, ["run", "--set", "train.lr=fast"]))
+    assert "train.lr: expected float, got str" in line
+
+
+def test_missing_dataset_path_is_named(tmp_path):
+    missing = tmp_path / "nowhere"
+    line = _error_line(runner.invoke(app, ["run", "--set", "data.source=lerobot",
+                                           "--set", f"data.path='{missing}'"]))
+    assert f"data.path: no LeRobot dataset at '{missing}'" in line
+
+
+def test_missing_config_file_and_bad_override_syntax(tmp_path):
+    line = _error_line(runner.invoke(app, ["run", str(tmp_path / "x.toml")]))
+    assert "config file not found" in line
+    with pytest.raises(ConfigError, match="expected section.key=value"):
+        load_config(overrides=["lr=3"])
+
+
+def test_range_errors_name_key_and_value():
+    with pytest.raises(ConfigError, match=r"train.global_batch: expected an integer >= 1, got 0"):
+        load_config(overrides=["train.global_batch=0"])
+    with pytest.raises(ConfigError, match=r"memory.precision: invalid enum value 'fp8'"):
+        load_config(overrides=["memory.precision='fp8'"])
+
+
+def test_overrides_apply():
+    cfg = load_config(overrides=["train.steps=7", "data.tasks=['push-v3']", "run.name=x"])
+    assert (cfg.train.steps, cfg.data.tasks, cfg.run.name) == (7, ["push-v3"], "x")
+
+
+def test_cli_process_reports_bad_key_in_one_line(tmp_path):
+    """The installed entry point, as a user runs it."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[modle]\nsize = 'tiny'\n")
+    proc = subprocess.run([sys.executable, "-m", "lf_orchestrator", "run", str(bad)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"error: {bad}: unknown key 'modle'"]
+
+
+def test_version_and_schema():
+    out = runner.invoke(app, ["--version"])
+    assert out.exit_code == 0 and out.output.strip() == "lf 0.1.0"
+    schema = runner.invoke(app, ["config", "schema"])
+    assert schema.exit_code == 0 and '"TrainSection"' in schema.output
