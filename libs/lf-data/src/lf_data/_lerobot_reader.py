@@ -1,0 +1,210 @@
+"""Read a local LeRobot v3.0 dataset into memory as a map-style torch Dataset.
+
+Legend: ``N`` frames, ``H``/``W`` image size, ``A`` action horizon, ``D`` width.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from PIL import Image
+
+from . import _lerobot_format as fmt
+
+__all__ = ["LeRobotDataset", "DEFAULT_PRELOAD_MAX_BYTES"]
+
+DEFAULT_PRELOAD_MAX_BYTES = 2 * 1024**3
+"""Decode all images once at init when ``N*H*W*3`` bytes stay below this (2 GiB)."""
+
+
+def _load_json(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"LeRobot dataset file missing: {path}")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
+
+
+def _read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
+    if not path.is_file():
+        raise FileNotFoundError(f"LeRobot dataset file missing: {path}")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"{path}: cannot read parquet ({e})") from e
+    if columns is not None:
+        absent = [c for c in columns if c not in table.column_names]
+        if absent:
+            raise ValueError(f"{path}: missing columns {absent} (has {table.column_names})")
+        table = table.select(columns)
+    return table
+
+
+def _to_numpy(col: pa.ChunkedArray, width: int | None) -> np.ndarray:
+    arr = col.combine_chunks()
+    if width is None:
+        return arr.to_numpy(zero_copy_only=False)
+    return arr.flatten().to_numpy(zero_copy_only=False).reshape(len(arr), width)
+
+
+def _decode(png: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+
+
+class LeRobotDataset(torch.utils.data.Dataset):
+    """Frames of a local LeRobot v3.0 dataset with action chunks (map-style, in memory).
+
+    Parquet columns are loaded once as numpy arrays. Images (``dtype="image"``,
+    PNG bytes) are decoded once at init into one uint8 ``(N, H, W, 3)`` array
+    when that array is below ``preload_max_bytes`` (default 2 GiB: 64x64 images
+    fit 170k frames), else decoded per ``__getitem__``. Video features are not
+    supported.
+
+    ``actions[j]`` is the action at frame ``t + j`` of the same episode; past the
+    episode end the last action is repeated and ``action_is_pad[j]`` is True
+    (LeRobot's ``delta_timestamps`` padding convention).
+
+    Args:
+        root: dataset folder (holds ``meta/info.json``).
+        action_horizon: ``A`` >= 1, actions per sample.
+        episodes: episode indices to keep (order kept), default all.
+        image_key / state_key / action_key: feature names to read.
+        preload_max_bytes: threshold for decoding all images at init.
+
+    Raises:
+        FileNotFoundError: a metadata or data file is missing (message names it).
+        ValueError: ``codebase_version`` is not "v3.0", a file is corrupt or
+            inconsistent, a feature is missing, or an episode index is unknown.
+
+    Example:
+        >>> ds = LeRobotDataset("data/mw", action_horizon=8)  # doctest: +SKIP
+        >>> ds[0]["actions"].shape  # doctest: +SKIP
+        torch.Size([8, 4])
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        action_horizon: int = 1,
+        episodes: Sequence[int] | None = None,
+        image_key: str = "observation.image",
+        state_key: str = "observation.state",
+        action_key: str = "action",
+        preload_max_bytes: int = DEFAULT_PRELOAD_MAX_BYTES,
+    ) -> None:
+        if int(action_horizon) < 1:
+            raise ValueError(f"LeRobotDataset: action_horizon must be >= 1, got {action_horizon}")
+        self.root = Path(root)
+        self.action_horizon = int(action_horizon)
+        info_path = self.root / fmt.INFO_PATH
+        self.info: dict = _load_json(info_path)
+        version = self.info.get("codebase_version")
+        if version != fmt.CODEBASE_VERSION:
+            raise ValueError(f"{info_path}: field 'codebase_version' is {version!r}, expected "
+                             f"{fmt.CODEBASE_VERSION!r} (convert older datasets with LeRobot's v30 script)")
+        feats = self.info.get("features", {})
+        for key in (image_key, state_key, action_key):
+            if key not in feats:
+                raise ValueError(f"{info_path}: feature {key!r} missing (features: {sorted(feats)})")
+        if feats[image_key]["dtype"] != "image":
+            raise ValueError(f"{info_path}: feature {image_key!r} has dtype {feats[image_key]['dtype']!r}; "
+                             "only 'image' (PNG in parquet) is supported, not video")
+        self.fps: int = int(self.info["fps"])
+        self.stats: dict = _load_json(self.root / fmt.STATS_PATH)
+        tasks_path = self.root / fmt.TASKS_PATH
+        tt = _read_parquet(tasks_path, ["task_index", "task"]).to_pydict()
+        by_index = dict(zip(tt["task_index"], tt["task"], strict=True))
+        if sorted(by_index) != list(range(len(by_index))):
+            raise ValueError(f"{tasks_path}: task_index values are not 0..{len(by_index) - 1}")
+        self.tasks: list[str] = [by_index[i] for i in range(len(by_index))]
+
+        ep_files = sorted((self.root / "meta/episodes").glob("*/*.parquet"))
+        if not ep_files:
+            raise FileNotFoundError(f"LeRobot dataset file missing: {self.root}/meta/episodes/chunk-*/file-*.parquet")
+        ep_cols = ["episode_index", "dataset_from_index", "dataset_to_index"]
+        eps = pa.concat_tables([_read_parquet(p, ep_cols) for p in ep_files]).to_pydict()
+        bounds = {e: (a, b) for e, a, b in zip(*(eps[c] for c in ep_cols), strict=True)}
+        chosen = sorted(bounds) if episodes is None else [int(e) for e in episodes]
+        unknown = [e for e in chosen if e not in bounds]
+        if unknown or len(set(chosen)) != len(chosen):
+            raise ValueError(f"LeRobotDataset: episodes must be distinct indices of {sorted(bounds)[:5]}..."
+                             f"{max(bounds)} ({len(bounds)} episodes), got unknown={unknown} or duplicates")
+
+        self._load_frames(feats, image_key, state_key, action_key)
+        rows, stops, ranges, pos = [], [], [], 0
+        for e in chosen:
+            a, b = bounds[e]
+            ranges.append((pos, pos + b - a))
+            pos += b - a
+            rows.append(np.arange(a, b))
+            stops.append(np.full(b - a, b))
+        self._rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        self._stops = np.concatenate(stops) if stops else np.zeros(0, np.int64)
+        self.episode_ranges: list[tuple[int, int]] = ranges
+        """(start, stop) positions of each selected episode in this dataset's index space."""
+        self.num_episodes = len(chosen)
+        h, w, c = feats[image_key]["shape"]
+        if len(self._rows) * h * w * c < preload_max_bytes:
+            self._images = np.stack([_decode(self._png[r].as_py()) for r in self._rows]) if len(self._rows) \
+                else np.zeros((0, h, w, c), np.uint8)
+            self._png = None
+
+    def _load_frames(self, feats: dict, image_key: str, state_key: str, action_key: str) -> None:
+        files = sorted((self.root / "data").glob("*/*.parquet"))
+        if not files:
+            raise FileNotFoundError(f"LeRobot dataset file missing: {self.root / 'data'}/chunk-*/file-*.parquet")
+        cols = [image_key, state_key, action_key, "episode_index", "frame_index", "index", "task_index"]
+        tables = [_read_parquet(p, cols) for p in files]
+        table = pa.concat_tables(tables)
+        index = _to_numpy(table["index"], None)
+        if not np.array_equal(index, np.arange(len(index))):
+            bad = files[np.searchsorted(np.cumsum([len(t) for t in tables]),
+                                        int(np.argmax(index != np.arange(len(index)))), side="right")]
+            raise ValueError(f"{bad}: column 'index' is not the contiguous global frame index 0..N-1")
+        total = self.info.get("total_frames")
+        if total != len(index):
+            raise ValueError(f"{self.root / fmt.INFO_PATH}: total_frames={total} but data files hold {len(index)} rows")
+        self._state = _to_numpy(table[state_key], feats[state_key]["shape"][0]).astype(np.float32)
+        self._action = _to_numpy(table[action_key], feats[action_key]["shape"][0]).astype(np.float32)
+        self._episode = _to_numpy(table["episode_index"], None).astype(np.int64)
+        self._frame = _to_numpy(table["frame_index"], None).astype(np.int64)
+        self._task = _to_numpy(table["task_index"], None).astype(np.int64)
+        self._png = table[image_key].combine_chunks().field("bytes")
+        self._images = None
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def image(self, i: int) -> np.ndarray:
+        """uint8 ``(H, W, 3)`` image of frame ``i`` (this dataset's index space)."""
+        if self._images is not None:
+            return self._images[i]
+        return _decode(self._png[int(self._rows[i])].as_py())
+
+    def __getitem__(self, i: int) -> dict:
+        n = len(self._rows)
+        if not -n <= i < n:
+            raise IndexError(f"LeRobotDataset index {i} out of range for {n} frames")
+        i = int(i) % n
+        r, stop = int(self._rows[i]), int(self._stops[i])
+        want = r + np.arange(self.action_horizon)
+        task_index = int(self._task[r])
+        return {
+            "image": torch.from_numpy(np.array(self.image(i))),
+            "state": torch.from_numpy(self._state[r].copy()),
+            "actions": torch.from_numpy(self._action[np.minimum(want, stop - 1)]),
+            "action_is_pad": torch.from_numpy(want >= stop),
+            "task": self.tasks[task_index],
+            "task_index": task_index,
+            "episode_index": int(self._episode[r]),
+            "frame_index": int(self._frame[r]),
+        }
