@@ -221,3 +221,20 @@ def test_env_reset_is_exact_after_reuse():
         np.testing.assert_array_equal(s2, s3)
     assert first[0][1].dtype == np.float32 and first[0][0].dtype == np.uint8
     assert len(np.unique(first[0][0].reshape(-1, 3), axis=0)) > 50
+
+
+def test_step_without_render_gives_same_state_and_no_image():
+    """Oracle: the same episode stepped with rendering; skipping the camera changes no physics."""
+    from lf_data import MetaWorldEnv
+
+    with MetaWorldEnv("reach-v3", image_size=16) as a, MetaWorldEnv("reach-v3", image_size=16) as b:
+        a.reset(seed=5)
+        b.reset(seed=5)
+        for _ in range(5):
+            action = a.expert_action()
+            obs_a, ok_a, done_a = a.step(action)
+            obs_b, ok_b, done_b = b.step(action, render=False)
+            assert obs_b["image"] is None and obs_a["image"].shape == (16, 16, 3)
+            np.testing.assert_array_equal(obs_a["state"], obs_b["state"])
+            assert (ok_a, done_a) == (ok_b, done_b)
+        np.testing.assert_array_equal(a.render(), b.render())

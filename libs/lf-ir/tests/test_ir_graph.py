@@ -147,5 +147,9 @@ def test_deterministic_init_independent_of_device_build():
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["components.backbone.layers.1.attention.q.weight"],
                            c["components.backbone.layers.1.attention.q.weight"])
+    with torch.device("meta"):
+        m = VLAModel(_tiny())
+    m = materialize(m, "cpu", 0)
+    assert all(bool(torch.isfinite(t).all()) for t in [*m.parameters(), *m.buffers()])
     w = a["components.backbone.layers.1.attention.q.weight"]
     assert math.isclose(float(w.std()), 0.02, rel_tol=0.15)

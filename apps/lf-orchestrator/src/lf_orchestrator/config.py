@@ -245,6 +245,8 @@ def check_config(cfg: Config, where: str = "config") -> Config:
     _require(t.grad_clip >= 0, where, "train.grad_clip", "a number >= 0", t.grad_clip)
     _require(cfg.run.threads >= 0, where, "run.threads", "an integer >= 0", cfg.run.threads)
     _require(len(d.tasks) > 0, where, "data.tasks", "at least one task", d.tasks)
+    _require(e.seed != cfg.run.seed, where, "eval.seed",
+             "a seed other than run.seed (evaluation goals must differ from training goals)", e.seed)
     if d.source == "lerobot" and not (Path(d.path) / "meta" / "info.json").is_file():
         raise ConfigError(f"{where}: data.path: no LeRobot dataset at '{d.path}' "
                           f"(expected {Path(d.path) / 'meta' / 'info.json'})")

@@ -11,14 +11,17 @@ with the same seeds as the baseline.
 from __future__ import annotations
 
 import json
+import multiprocessing
+import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from lf_data import MetaWorldEnv
+from lf_data import MetaWorldEnv, metaworld_episode_seed
 from lf_memory import resolve_precision
 from lf_orchestrator import assembly
 from lf_orchestrator.checkpoint import latest_checkpoint, load_checkpoint, write_text_atomic
@@ -29,6 +32,7 @@ class Policy(Protocol):
     """Maps a batch of observations to action chunks (n, horizon, action_dim)."""
 
     horizon: int
+    needs_images: bool
 
     def act(self, images: np.ndarray, states: np.ndarray, texts: Sequence[str]) -> np.ndarray: ...
 
@@ -39,6 +43,7 @@ class VLAPolicy:
     def __init__(self, model, encoder, device: torch.device, precision):
         self.model, self.encoder, self.device, self.precision = model, encoder, device, precision
         self.horizon = model.cfg.action_horizon
+        self.needs_images = True
         self.model.eval()
 
     @classmethod
@@ -74,32 +79,42 @@ class RandomPolicy:
     """Uniform random actions in [-1, 1] (the baseline)."""
 
     def __init__(self, action_dim: int, horizon: int, seed: int):
-        self.action_dim, self.horizon = action_dim, horizon
+        self.action_dim, self.horizon, self.needs_images = action_dim, horizon, False
         self.rng = np.random.default_rng(seed)
 
     def act(self, images: np.ndarray, states: np.ndarray, texts: Sequence[str]) -> np.ndarray:
-        return self.rng.uniform(-1, 1, size=(len(images), self.horizon, self.action_dim))
+        return self.rng.uniform(-1, 1, size=(len(states), self.horizon, self.action_dim))
 
 
 def rollout(policy: Policy, task: str, *, episodes: int, seed: int, max_steps: int,
             image_size: int, parallel_envs: int = 10) -> list[bool]:
-    """Success flag per episode; episode ``e`` resets with seed ``seed + e``."""
+    """Success flag per episode; episode ``e`` resets with ``metaworld_episode_seed(seed, task, e)``.
+
+    Training demonstrations use the run seed as base, evaluation ``eval.seed``, so the
+    evaluated goals are not the ones trained on. ``parallel_envs`` environments are
+    stepped in lock-step and reused for later episodes.
+    """
     results: list[bool] = []
     envs = [MetaWorldEnv(task, image_size=image_size, max_steps=max_steps)
             for _ in range(min(parallel_envs, episodes))]
     try:
         for first in range(0, episodes, len(envs)):
             group = envs[: min(len(envs), episodes - first)]
-            obs = [env.reset(seed=seed + first + i) for i, env in enumerate(group)]
+            obs = [env.reset(seed=metaworld_episode_seed(seed, task, first + i))
+                   for i, env in enumerate(group)]
             success, active = [False] * len(group), list(range(len(group)))
             while active:
-                chunk = policy.act(np.stack([obs[i]["image"] for i in active]),
-                                   np.stack([obs[i]["state"] for i in active]),
+                images = (np.stack([obs[i]["image"] for i in active]) if policy.needs_images
+                          else np.empty((len(active), 0)))
+                chunk = policy.act(images, np.stack([obs[i]["state"] for i in active]),
                                    [group[i].instruction for i in active])
+                last = chunk.shape[1] - 1
                 for j in range(chunk.shape[1]):
                     still = []
                     for row, i in enumerate(active):
-                        obs[i], ok, done = group[i].step(np.clip(chunk[row, j], -1.0, 1.0))
+                        obs[i], ok, done = group[i].step(  # images only for the next decision
+                            np.clip(chunk[row, j], -1.0, 1.0),
+                            render=policy.needs_images and j == last)
                         success[i] = success[i] or ok
                         if not done:
                             still.append(i)
@@ -114,10 +129,22 @@ def rollout(policy: Policy, task: str, *, episodes: int, seed: int, max_steps: i
     return results
 
 
+def _random_baseline(tasks: list[str], action_dim: int, horizon: int, kw: dict[str, Any]
+                     ) -> dict[str, list[bool]]:
+    """Random-policy rollouts for every task (run in a worker process)."""
+    torch.set_num_threads(1)
+    return {task: rollout(RandomPolicy(action_dim, horizon, kw["seed"]), task, **kw)
+            for task in tasks}
+
+
 def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = None,
                  tasks: Sequence[str] | None = None, random_baseline: bool | None = None
                  ) -> dict[str, Any]:
-    """Closed-loop success per task for a run (and the random baseline); writes eval.json."""
+    """Closed-loop success per task for a run (and the random baseline); writes eval.json.
+
+    The random baseline runs in a second process while the VLA is evaluated here, so a
+    two-core machine evaluates both in the time of one.
+    """
     run_dir = Path(run_dir)
     cfg = load_config(run_dir / "config.toml")
     e = cfg.eval
@@ -125,19 +152,23 @@ def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = 
     tasks = list(tasks or cfg.data.tasks)
     policy = VLAPolicy.from_run(run_dir, device, cfg)
     baseline = e.random_baseline if random_baseline is None else random_baseline
+    kw = dict(episodes=episodes, seed=e.seed, max_steps=e.max_steps,
+              image_size=cfg.data.image_size)
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pending = pool.submit(_random_baseline, tasks, policy.encoder.action_tokenizer.action_dim,
+                              policy.horizon, kw) if baseline else None
+        vla = {task: rollout(policy, task, **kw) for task in tasks}
+        rnd = pending.result() if pending is not None else {}
     rows = []
     for task in tasks:
-        kw = dict(episodes=episodes, seed=e.seed, max_steps=e.max_steps,
-                  image_size=cfg.data.image_size)
-        vla = rollout(policy, task, **kw)
-        row = {"task": task, "episodes": episodes, "vla_success": sum(vla) / episodes,
-               "vla_successes": [bool(x) for x in vla]}
-        if baseline:
-            rnd = rollout(RandomPolicy(policy.encoder.action_tokenizer.action_dim,
-                                       policy.horizon, e.seed), task, **kw)
-            row["random_success"] = sum(rnd) / episodes
+        row = {"task": task, "episodes": episodes, "vla_success": sum(vla[task]) / episodes,
+               "vla_successes": [bool(x) for x in vla[task]]}
+        if task in rnd:
+            row["random_success"] = sum(rnd[task]) / episodes
         rows.append(row)
     report = {"run_dir": str(run_dir), "checkpoint": str(latest_checkpoint(run_dir)),
-              "eval_seed": e.seed, "max_steps": e.max_steps, "tasks": rows}
+              "eval_seed": e.seed, "max_steps": e.max_steps, "seconds": time.perf_counter() - t0,
+              "tasks": rows}
     write_text_atomic(run_dir / "eval.json", json.dumps(report, indent=1))
     return report

@@ -156,12 +156,14 @@ class MetaWorldEnv:
         self.steps = 0
         return self._observation()
 
-    def step(self, action: np.ndarray) -> tuple[dict, bool, bool]:
+    def step(self, action: np.ndarray, *, render: bool = True) -> tuple[dict, bool, bool]:
         """Apply ``action`` (4,), clipped to [-1, 1]; returns ``(obs, success, done)``.
 
         ``done`` is True on success or once ``max_steps`` steps were taken.
         Stepping on after ``done`` is allowed (data generation records a few
-        frames after success).
+        frames after success). With ``render=False`` the observation's
+        ``"image"`` is None and the step skips the ~7 ms camera render (an
+        action chunk executed open-loop needs an image only at its end).
         """
         if self._obs is None:
             raise RuntimeError("MetaWorldEnv.step called before reset(seed)")
@@ -171,7 +173,7 @@ class MetaWorldEnv:
         self._obs, _, _, _, info = self._env.step(np.clip(a, -1.0, 1.0))
         self.steps += 1
         success = bool(info["success"])
-        return self._observation(), success, success or self.steps >= self.max_steps
+        return self._observation(render), success, success or self.steps >= self.max_steps
 
     def expert_action(self) -> np.ndarray:
         """Meta-World's scripted expert action for the current observation, clipped, float32 (4,)."""
@@ -193,8 +195,8 @@ class MetaWorldEnv:
             self._rotate = bool(self._env.data.cam_xmat[self._cam].reshape(3, 3)[2, 1] < 0)
         return np.ascontiguousarray(img[::-1, ::-1]) if self._rotate else img.copy()
 
-    def _observation(self) -> dict:
-        return {"image": self.render(), "state": self._obs.astype(np.float32)}
+    def _observation(self, render: bool = True) -> dict:
+        return {"image": self.render() if render else None, "state": self._obs.astype(np.float32)}
 
     def close(self) -> None:
         """Free the renderer and the simulator."""
