@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from lf_tokenize_action import _binning, _vocab
+from lf_tokenize_action import _binning, _fast, _vocab
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-@pytest.mark.parametrize("module", [_binning, _vocab])
+@pytest.mark.parametrize("module", [_binning, _fast, _vocab])
 def test_docstring_examples(module):
     """Every `>>>` example in the module docstrings gives its written output."""
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)

@@ -1,12 +1,17 @@
 """lf-tokenize-action: continuous robot actions <-> discrete tokens.
 
-- ``BinningTokenizer``: per-dimension normalization to [-1, 1] and N uniform bins
-  (OpenVLA-style, arXiv:2406.09246).
-- ``ActionVocab``: action bins <-> token ids reserved after a text vocabulary.
+- ``BinningTokenizer``: per-dimension normalization to [-1, 1] (q01/q99, min/max or
+  mean +- k*std) and N uniform or quantile bins (OpenVLA-style, arXiv:2406.09246).
+- ``FastTokenizer``: DCT + scale-and-round + BPE over action chunks (FAST,
+  arXiv:2501.09747).
+- ``ActionVocab``: action bins / FAST tokens <-> token ids reserved after a text vocabulary.
+- ``ActionDecodeError``: a token sequence that does not decode to a chunk.
 """
 
 from ._binning import BinningTokenizer
+from ._errors import ActionDecodeError
+from ._fast import FastTokenizer
 from ._vocab import ActionVocab
 
-__all__ = ["ActionVocab", "BinningTokenizer"]
-__version__ = "0.1.0"
+__all__ = ["ActionDecodeError", "ActionVocab", "BinningTokenizer", "FastTokenizer"]
+__version__ = "0.2.0"

@@ -1,11 +1,13 @@
-"""Uniform binning action tokenizer (OpenVLA-style, Kim et al. 2024, arXiv:2406.09246, sec. 3.2).
+"""Binning action tokenizer (OpenVLA-style, Kim et al. 2024, arXiv:2406.09246, sec. 3.2).
 
-Each action dimension is mapped linearly from ``[low, high]`` (action units,
-q01/q99 by default) to ``[-1, 1]``, clipped, and cut into exactly ``n_bins``
-bins of width ``w = 2 / n_bins``: bin ``i`` covers ``[-1 + i*w, -1 + (i+1)*w)``
-and the value ``+1`` goes to bin ``n_bins - 1``. Decoding returns bin centres.
-OpenVLA's own code uses ``n_bins`` *edges* instead, which leaves ``n_bins - 1``
-effective bins; the README compares the two layouts.
+Each action dimension is mapped linearly from ``[low, high]`` (action units:
+q01/q99 by default, or min/max, or mean +- k*std) to ``[-1, 1]``, clipped, and cut
+into exactly ``n_bins`` bins. Uniform bins (default) have width ``w = 2 / n_bins``:
+bin ``i`` covers ``[-1 + i*w, -1 + (i+1)*w)`` and ``+1`` goes to bin ``n_bins - 1``.
+Quantile bins put the edges at per-dimension quantiles of the fitting data
+(``_quantile.py``). Decoding returns bin centres. OpenVLA's own code uses
+``n_bins`` *edges* instead, which leaves ``n_bins - 1`` effective bins; the README
+compares the two layouts.
 
 Shapes: ``D`` = action_dim; ``...`` = any leading dims (batch, time).
 """
@@ -19,43 +21,30 @@ from typing import Any
 import numpy as np
 
 from ._arrays import as_float_array, as_int_array, from_numpy
-from ._io import check_header, read_json, write_json_atomic
-
-FORMAT = "lf-tokenize-action/binning"
-VERSION = 1
-_BOUNDS_KEYS = {"q01_q99": ("q01", "q99"), "min_max": ("min", "max")}
-_QUANTILES = {"q01_q99": (0.01, 0.99)}
-
-
-def _vector(x: Any, name: str) -> np.ndarray:
-    try:
-        arr = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{name} must be a 1-D array of floats; got {x!r}") from err
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"{name} must be a non-empty 1-D array; got shape {arr.shape}")
-    if not np.isfinite(arr).all():
-        i = int(np.flatnonzero(~np.isfinite(arr))[0])
-        raise ValueError(f"{name} must be finite; got {float(arr[i])} at index {i}")
-    return arr
+from ._binning_io import BINNINGS, binning_kwargs_from_dict, binning_to_dict
+from ._bounds import DEFAULT_STD_K, bounds_from_actions, bounds_from_stats, normalize_unclipped, unnormalize, vector
+from ._io import read_json, write_json_atomic
+from ._quantile import check_edges, digitize, quantile_edges
 
 
 class BinningTokenizer:
-    """Per-dimension normalization to [-1, 1] then ``n_bins`` uniform bins.
+    """Per-dimension normalization to [-1, 1] then ``n_bins`` uniform or quantile bins.
 
     Args:
-        low, high: float arrays ``(D,)``, normalization bounds in action units
-            (q01/q99 when built by ``fit``/``from_actions``). ``low == high`` is
-            allowed (a constant dimension: ``low`` normalizes to 0, every bin decodes
-            to ``low``; values off it clip to the end bins).
+        low, high: float arrays ``(D,)``, normalization bounds in action units.
+            ``low == high`` is allowed (a constant dimension: ``low`` normalizes to 0,
+            every bin decodes to ``low``; values off it clip to the end bins).
         n_bins: number of bins per dimension, >= 2.
         normalize_mask: optional bool ``(D,)``; ``False`` marks a dimension that
             is *not* normalized: it is taken raw, assumed already in [-1, 1]
             (e.g. a gripper), and its ``low``/``high`` are ignored. Default all True.
+        edges: optional float ``(D, n_bins + 1)`` bin edges in normalized units,
+            strictly increasing from -1 to +1 per dimension (quantile binning, see
+            ``from_actions``); ``None`` (default) means uniform bins.
 
     Raises:
         ValueError: shapes differ or are not 1-D, ``low > high`` anywhere,
-            non-finite bounds, or ``n_bins < 2``; the message names the field and value.
+            non-finite bounds, ``n_bins < 2``, or bad ``edges``; the message names the field and value.
 
     Example:
         >>> tok = BinningTokenizer([0.0, -2.0], [1.0, 2.0], n_bins=4)
@@ -65,10 +54,12 @@ class BinningTokenizer:
         [[0.625, 1.5]]
     """
 
-    def __init__(self, low: Any, high: Any, *, n_bins: int = 256, normalize_mask: Any = None) -> None:
+    def __init__(
+        self, low: Any, high: Any, *, n_bins: int = 256, normalize_mask: Any = None, edges: Any = None
+    ) -> None:
         if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 2:
             raise ValueError(f"n_bins must be an int >= 2; got {n_bins!r}")
-        low_, high_ = _vector(low, "low"), _vector(high, "high")
+        low_, high_ = vector(low, "low"), vector(high, "high")
         if low_.shape != high_.shape:
             raise ValueError(f"low and high must have the same shape; got {low_.shape} and {high_.shape}")
         if (low_ > high_).any():
@@ -89,8 +80,12 @@ class BinningTokenizer:
         self.low: np.ndarray = low_
         self.high: np.ndarray = high_
         self.normalize_mask: np.ndarray = mask.copy()
-        self._span = np.where(high_ > low_, high_ - low_, 1.0)
-        self._edges = np.linspace(-1.0, 1.0, self.n_bins + 1)
+        self._uniform_edges = np.linspace(-1.0, 1.0, self.n_bins + 1)
+        self._edges: np.ndarray | None = (
+            None if edges is None else check_edges(edges, n_bins=self.n_bins, action_dim=int(low_.shape[0]))
+        )
+        e = self._edges_2d()
+        self._centers = (e[:, :-1] + e[:, 1:]) / 2.0  # (D, n_bins)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -101,50 +96,80 @@ class BinningTokenizer:
         n_bins: int = 256,
         bounds: str = "q01_q99",
         normalize_mask: Any = None,
+        std_k: float = DEFAULT_STD_K,
+        binning: str = "uniform",
+        actions: Any = None,
     ) -> BinningTokenizer:
         """Build from a LeRobot ``meta/stats.json`` action entry (keys mean, std, min, max, q01, q99).
 
         ``bounds="q01_q99"`` uses ``stats["q01"]``/``stats["q99"]`` (OpenVLA's choice);
-        ``"min_max"`` uses ``stats["min"]``/``stats["max"]``. Other keys are ignored.
+        ``"min_max"`` uses ``stats["min"]``/``stats["max"]``; ``"mean_std"`` uses
+        ``mean -+ std_k * std`` (default ``std_k = 3``: the three-sigma interval, 99.7 %
+        of a normal distribution, comparable to the 98 % kept by q01/q99). Other keys
+        are ignored. ``binning="quantile"`` also needs ``actions`` ``(N, D)``, the
+        table whose quantiles become the bin edges (stats hold too few quantiles).
 
         Raises:
-            ValueError: unknown ``bounds``, or a needed key missing (the message names it).
+            ValueError: unknown ``bounds``/``binning``, a needed key missing (the message
+                names it), or ``binning="quantile"`` without ``actions``.
 
         Example:
             >>> BinningTokenizer.fit({"q01": [-1.0], "q99": [3.0]}, n_bins=8).high.tolist()
             [3.0]
+            >>> BinningTokenizer.fit({"mean": [1.0], "std": [0.5]}, bounds="mean_std").low.tolist()
+            [-0.5]
         """
-        if bounds not in _BOUNDS_KEYS:
-            raise ValueError(f"bounds must be one of {sorted(_BOUNDS_KEYS)}; got {bounds!r}")
-        lo_key, hi_key = _BOUNDS_KEYS[bounds]
-        for key in (lo_key, hi_key):
-            if key not in stats:
-                raise ValueError(
-                    f"stats is missing key {key!r} needed by bounds={bounds!r}; has keys {sorted(stats)}"
-                )
-        return cls(stats[lo_key], stats[hi_key], n_bins=n_bins, normalize_mask=normalize_mask)
+        _check_binning(binning)
+        low, high = bounds_from_stats(stats, bounds, std_k)
+        tok = cls(low, high, n_bins=n_bins, normalize_mask=normalize_mask)
+        if binning == "uniform":
+            return tok
+        if actions is None:
+            raise ValueError("binning='quantile' needs actions (N, D) to place the bin edges; got actions=None")
+        return tok._with_quantile_edges(actions)
 
     @classmethod
     def from_actions(
-        cls, actions: Any, *, n_bins: int = 256, bounds: str = "q01_q99", normalize_mask: Any = None
+        cls,
+        actions: Any,
+        *,
+        n_bins: int = 256,
+        bounds: str = "q01_q99",
+        normalize_mask: Any = None,
+        std_k: float = DEFAULT_STD_K,
+        binning: str = "uniform",
     ) -> BinningTokenizer:
-        """Build from a table of actions ``(N, D)`` float: per-dimension 1%/99% quantiles or min/max.
+        """Build from a table of actions ``(N, D)`` float: bounds and (for quantile binning) edges.
 
-        Quantiles use numpy's default (linear interpolation) method.
+        Bounds: per-dimension 1 %/99 % quantiles (numpy's linear method), min/max, or
+        mean -+ ``std_k`` * std (population std). ``binning="quantile"`` places the
+        interior edges at the ``i / n_bins`` quantiles of the normalized, clipped
+        actions (blended with uniform edges by ``QUANTILE_MIX = 1e-3`` so that exactly
+        ``n_bins`` bins stay reachable; see ``_quantile.py``).
 
         Raises:
-            ValueError: ``actions`` not 2-D with N >= 1, non-finite values, unknown ``bounds``.
+            ValueError: ``actions`` not 2-D with N >= 1, non-finite values, unknown ``bounds``/``binning``.
+
+        Example:
+            >>> x = np.array([[0.0], [0.1], [0.2], [1.0]])
+            >>> tok = BinningTokenizer.from_actions(x, n_bins=2, bounds="min_max", binning="quantile")
+            >>> tok.binning, tok.encode([[0.1], [0.2]]).ravel().tolist()
+            ('quantile', [0, 1])
         """
-        if bounds not in _BOUNDS_KEYS:
-            raise ValueError(f"bounds must be one of {sorted(_BOUNDS_KEYS)}; got {bounds!r}")
+        _check_binning(binning)
         arr, _ = as_float_array(actions, name="actions")
         if arr.ndim != 2 or arr.shape[0] == 0:
             raise ValueError(f"actions must have shape (N, D) with N >= 1; got shape {arr.shape}")
-        if bounds == "min_max":
-            low, high = arr.min(axis=0), arr.max(axis=0)
-        else:
-            low, high = np.quantile(arr, _QUANTILES[bounds], axis=0)
-        return cls(low, high, n_bins=n_bins, normalize_mask=normalize_mask)
+        low, high = bounds_from_actions(arr, bounds, std_k)
+        tok = cls(low, high, n_bins=n_bins, normalize_mask=normalize_mask)
+        return tok if binning == "uniform" else tok._with_quantile_edges(arr)
+
+    def _with_quantile_edges(self, actions: Any) -> BinningTokenizer:
+        arr, _ = as_float_array(actions, name="actions", last_dim=self.action_dim)
+        if arr.ndim != 2 or arr.shape[0] == 0:
+            raise ValueError(f"actions must have shape (N, {self.action_dim}) with N >= 1; got shape {arr.shape}")
+        edges = quantile_edges(self.normalize(arr), self.n_bins)
+        return type(self)(self.low, self.high, n_bins=self.n_bins, normalize_mask=self.normalize_mask, edges=edges)
 
     # ------------------------------------------------------------------ layout
     @property
@@ -153,29 +178,44 @@ class BinningTokenizer:
         return int(self.low.shape[0])
 
     @property
+    def binning(self) -> str:
+        """``"uniform"`` or ``"quantile"``."""
+        return "uniform" if self._edges is None else "quantile"
+
+    def _edges_2d(self) -> np.ndarray:
+        if self._edges is not None:
+            return self._edges
+        return np.broadcast_to(self._uniform_edges, (self.action_dim, self.n_bins + 1))
+
+    @property
     def bin_width(self) -> float:
-        """Bin width in normalized units, ``2 / n_bins``."""
+        """Uniform bin width in normalized units, ``2 / n_bins``.
+
+        Raises:
+            ValueError: quantile binning (widths differ; use ``bin_widths``).
+        """
+        if self._edges is not None:
+            raise ValueError("bin_width is defined for binning='uniform' only; got 'quantile' (use bin_widths)")
         return 2.0 / self.n_bins
 
     @property
+    def bin_widths(self) -> np.ndarray:
+        """Width of every bin in normalized units, float64 ``(D, n_bins)``."""
+        return np.diff(self._edges_2d(), axis=1)
+
+    @property
     def bin_edges(self) -> np.ndarray:
-        """The ``n_bins + 1`` bin edges in normalized units, float64, from -1 to +1."""
-        return self._edges.copy()
+        """Bin edges in normalized units, float64: ``(n_bins + 1,)`` when uniform, ``(D, n_bins + 1)`` when quantile."""
+        return (self._uniform_edges if self._edges is None else self._edges).copy()
 
     @property
     def bin_centers(self) -> np.ndarray:
-        """The ``n_bins`` bin centres in normalized units, float64: ``-1 + (i + 0.5) * 2 / n_bins``."""
-        return (self._edges[:-1] + self._edges[1:]) / 2.0
+        """Bin centres in normalized units, float64: ``(n_bins,)`` when uniform, ``(D, n_bins)`` when quantile."""
+        return (self._centers[0] if self._edges is None else self._centers).copy()
 
     # ------------------------------------------------------------------ maps
     def _normalize(self, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Unclipped normalized values and the out-of-range mask for a checked (..., D) array."""
-        # Constant dims: 0 at low; outside [low, high] the sign, so they clip to the end bins too.
-        scaled = np.where(self.high > self.low, 2.0 * (arr - self.low) / self._span - 1.0, np.sign(arr - self.low))
-        norm = np.where(self.normalize_mask, scaled, arr)
-        raw_out = (arr < self.low) | (arr > self.high)
-        norm_out = (arr < -1.0) | (arr > 1.0)
-        return norm, np.where(self.normalize_mask, raw_out, norm_out)
+        return normalize_unclipped(arr, self.low, self.high, self.normalize_mask)
 
     def normalize(self, actions: Any) -> np.ndarray:
         """Map actions ``(..., D)`` in action units to float64 ``(..., D)`` in [-1, 1] (clipped).
@@ -193,15 +233,15 @@ class BinningTokenizer:
     def unnormalize(self, normalized: Any) -> np.ndarray:
         """Inverse of ``normalize``: float ``(..., D)`` normalized units -> float64 action units (not clipped)."""
         arr, _ = as_float_array(normalized, name="normalized", last_dim=self.action_dim)
-        scaled = (arr + 1.0) / 2.0 * (self.high - self.low) + self.low
-        return np.where(self.normalize_mask, scaled, arr)
+        return unnormalize(arr, self.low, self.high, self.normalize_mask)
 
     def encode(self, actions: Any, *, return_clipped: bool = False) -> Any:
         """Actions ``(..., D)`` float (action units) -> bins ``(..., D)`` int64 in ``[0, n_bins)``.
 
-        Bin ``i`` covers normalized ``[-1 + i*w, -1 + (i+1)*w)``, ``w = 2 / n_bins``;
-        +1 goes to bin ``n_bins - 1``. Values outside ``[low, high]`` are clipped to
-        the end bins (``[-1, 1]`` for dimensions with ``normalize_mask=False``).
+        Bin ``i`` of dimension ``d`` covers normalized ``[edges[d, i], edges[d, i+1])``
+        (uniform: ``[-1 + i*w, -1 + (i+1)*w)``, ``w = 2 / n_bins``); +1 goes to bin
+        ``n_bins - 1``. Values outside ``[low, high]`` are clipped to the end bins
+        (``[-1, 1]`` for dimensions with ``normalize_mask=False``).
 
         Args:
             actions: numpy array-like or torch tensor ``(..., D)``.
@@ -223,7 +263,10 @@ class BinningTokenizer:
         arr, device = as_float_array(actions, name="actions", last_dim=self.action_dim)
         norm, clipped = self._normalize(arr)
         norm = np.clip(norm, -1.0, 1.0)
-        bins = np.searchsorted(self._edges[1:-1], norm, side="right").astype(np.int64)
+        if self._edges is None:
+            bins = np.searchsorted(self._uniform_edges[1:-1], norm, side="right").astype(np.int64)
+        else:
+            bins = digitize(norm, self._edges)
         out = from_numpy(bins, device)
         if return_clipped:
             return out, from_numpy(clipped, device)
@@ -241,34 +284,34 @@ class BinningTokenizer:
         arr, device = as_int_array(bins, name="bins", low=0, high=self.n_bins, what="bin indices")
         if arr.ndim == 0 or arr.shape[-1] != self.action_dim:
             raise ValueError(f"bins must have shape (..., {self.action_dim}); got shape {arr.shape}")
-        actions = self.unnormalize(self.bin_centers[arr])
+        if self._edges is None:
+            centres = self._centers[0][arr]
+        else:
+            centres = self._centers[np.arange(self.action_dim), arr]
+        actions = unnormalize(centres, self.low, self.high, self.normalize_mask)
         if device is not None:
             return from_numpy(actions.astype(np.float32), device)
         return actions
 
     # ------------------------------------------------------------------ persistence
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict: ``format``, ``version``, ``n_bins``, ``low``, ``high``, ``normalize_mask``."""
-        return {
-            "format": FORMAT,
-            "version": VERSION,
-            "n_bins": self.n_bins,
-            "low": self.low.tolist(),
-            "high": self.high.tolist(),
-            "normalize_mask": self.normalize_mask.tolist(),
-        }
+        """JSON-ready dict: ``format``, ``version``, ``n_bins``, ``low``, ``high``, ``normalize_mask``.
+
+        Uniform bins write version 1 (the 0.1.0 layout, unchanged). Quantile bins write
+        version 2 with two more fields: ``binning: "quantile"`` and ``edges``, a list of
+        D lists of ``n_bins + 1`` floats in normalized units (JSON floats round-trip exactly),
+        so a 0.1.0 reader refuses the file instead of silently using uniform bins.
+        """
+        return binning_to_dict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, where: str = "dict") -> BinningTokenizer:
-        """Inverse of ``to_dict``. Raises ValueError on another format/version or a missing field."""
-        check_header(d, fmt=FORMAT, version=VERSION, where=where)
-        for field in ("n_bins", "low", "high", "normalize_mask"):
-            if field not in d:
-                raise ValueError(f"{where}: missing field {field!r}")
-        mask = d["normalize_mask"]
-        if not isinstance(mask, list) or not all(isinstance(m, bool) for m in mask):
-            raise ValueError(f"{where}: field 'normalize_mask' must be a list of booleans; got {mask!r}")
-        return cls(d["low"], d["high"], n_bins=d["n_bins"], normalize_mask=np.array(mask, dtype=bool))
+        """Inverse of ``to_dict``; reads versions 1 and 2.
+
+        Raises:
+            ValueError: another format or version, a missing field, or bad values (named).
+        """
+        return cls(**binning_kwargs_from_dict(d, where=where))
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write ``to_dict()`` as JSON to ``path`` atomically (temp file in the same folder, fsync, os.replace)."""
@@ -276,7 +319,7 @@ class BinningTokenizer:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> BinningTokenizer:
-        """Read a file written by ``save``.
+        """Read a file written by ``save`` (version 1 or 2).
 
         Raises:
             ValueError: invalid JSON, other ``format``/``version``, or bad fields; the
@@ -286,7 +329,7 @@ class BinningTokenizer:
 
     def __repr__(self) -> str:
         return (
-            f"BinningTokenizer(action_dim={self.action_dim}, n_bins={self.n_bins}, "
+            f"BinningTokenizer(action_dim={self.action_dim}, n_bins={self.n_bins}, binning={self.binning!r}, "
             f"normalized_dims={int(self.normalize_mask.sum())})"
         )
 
@@ -298,6 +341,13 @@ class BinningTokenizer:
             and np.array_equal(self.low, other.low)
             and np.array_equal(self.high, other.high)
             and np.array_equal(self.normalize_mask, other.normalize_mask)
+            and self.binning == other.binning
+            and (self._edges is None or np.array_equal(self._edges, other._edges))
         )
 
     __hash__ = None  # mutable numpy fields
+
+
+def _check_binning(binning: str) -> None:
+    if binning not in BINNINGS:
+        raise ValueError(f"binning must be one of {list(BINNINGS)}; got {binning!r}")

@@ -10,17 +10,23 @@ from pathlib import Path
 from typing import Any
 
 
-def check_header(d: Mapping[str, Any], *, fmt: str, version: int, where: str) -> None:
-    """Raise ValueError unless ``d["format"] == fmt`` and ``d["version"] == version``.
+def check_header(d: Mapping[str, Any], *, fmt: str, version: int | tuple[int, ...], where: str) -> int:
+    """Raise ValueError unless ``d["format"] == fmt`` and ``d["version"]`` is ``version`` (or one of them).
 
-    ``where`` says where ``d`` came from (a file name or "dict") and starts the message.
+    ``where`` says where ``d`` came from (a file name or "dict") and starts the
+    message. Returns the version read.
     """
     if not isinstance(d, Mapping):
         raise TypeError(f"{where}: expected a JSON object (mapping); got {type(d).__name__}")
-    for field, expected in (("format", fmt), ("version", version)):
-        got = d.get(field, "<missing>")
-        if got != expected or isinstance(got, bool):
-            raise ValueError(f"{where}: field {field!r} must be {expected!r}; got {got!r}")
+    got = d.get("format", "<missing>")
+    if got != fmt:
+        raise ValueError(f"{where}: field 'format' must be {fmt!r}; got {got!r}")
+    versions = version if isinstance(version, tuple) else (version,)
+    got = d.get("version", "<missing>")
+    if isinstance(got, bool) or not isinstance(got, int) or got not in versions:
+        expected = " or ".join(repr(v) for v in versions)
+        raise ValueError(f"{where}: field 'version' must be {expected}; got {got!r}")
+    return got
 
 
 def write_json_atomic(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> Path:

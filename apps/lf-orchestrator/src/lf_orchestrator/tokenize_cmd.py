@@ -1,0 +1,214 @@
+"""`lf tokenize fit|encode|decode|report`: action tokenizers (lf-tokenize-action) on the command line.
+
+The lead registers it in cli.py with ``app.add_typer(tokenize_app, name="tokenize")``.
+Datasets are LeRobot v3.0 folders: the ``action`` column of ``data/*/*.parquet``
+(read with pyarrow) and the ``action`` entry of ``meta/stats.json``. Action chunks
+are windows of ``horizon`` consecutive frames inside one episode, every
+``stride`` frames. FAST token files are int64 ``.npy`` arrays ``(n, L)`` padded
+with -1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+tokenize_app = typer.Typer(help="Fit, apply and compare action tokenizers (binning, FAST).", no_args_is_help=True)
+console = Console(stderr=True)
+PAD = -1
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def read_actions(dataset: Path) -> tuple[list[np.ndarray], dict[str, Any]]:
+    """Per-episode action arrays ``(T_e, D)`` float64 (episode order) and the ``action`` stats of a LeRobot folder."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = sorted(dataset.glob("data/*/*.parquet"))
+    stats_file = dataset / "meta" / "stats.json"
+    if not files or not stats_file.is_file():
+        _fail(f"{dataset} is not a LeRobot v3.0 dataset: need data/*/*.parquet and meta/stats.json")
+    table = pa.concat_tables([pq.read_table(f, columns=["action", "episode_index"]) for f in files])
+    col = table.column("action").combine_chunks()
+    actions = col.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(col), -1)
+    episodes = table.column("episode_index").to_numpy()
+    stats = json.loads(stats_file.read_text()).get("action")
+    if stats is None:
+        _fail(f"{stats_file} has no 'action' entry")
+    return [actions[episodes == e] for e in np.unique(episodes)], stats
+
+
+def make_chunks(episodes: list[np.ndarray], horizon: int, stride: int) -> np.ndarray:
+    """Windows ``(n, horizon, D)`` of consecutive frames within each episode, starting every ``stride`` frames."""
+    out = [ep[s : s + horizon] for ep in episodes for s in range(0, len(ep) - horizon + 1, stride)]
+    if not out:
+        _fail(f"no episode holds {horizon} frames; lower --horizon")
+    return np.stack(out)
+
+
+def _load(path: Path) -> Any:
+    from lf_tokenize_action import BinningTokenizer, FastTokenizer
+
+    fmt = json.loads(path.read_text()).get("format")
+    return FastTokenizer.load(path) if fmt == "lf-tokenize-action/fast" else BinningTokenizer.load(path)
+
+
+@tokenize_app.command()
+def fit(
+    dataset: Annotated[Path, typer.Argument(help="LeRobot v3.0 dataset folder.")],
+    out: Annotated[Path, typer.Option("--out", help="Tokenizer JSON to write.")],
+    kind: Annotated[str, typer.Option(help="binning | fast")] = "binning",
+    bounds: Annotated[str, typer.Option(help="q01_q99 | min_max | mean_std (from meta/stats.json)")] = "q01_q99",
+    n_bins: Annotated[int, typer.Option(help="binning: bins per dimension")] = 256,
+    binning: Annotated[str, typer.Option(help="binning: uniform | quantile")] = "uniform",
+    horizon: Annotated[int, typer.Option(help="fast: chunk length H")] = 10,
+    stride: Annotated[int, typer.Option(help="fast: frames between chunk starts")] = 1,
+    scale: Annotated[float, typer.Option(help="fast: DCT scale")] = 10.0,
+    vocab_size: Annotated[int, typer.Option(help="fast: BPE vocabulary size")] = 1024,
+) -> None:
+    """Fit a binning or FAST tokenizer on a dataset's actions and write it as JSON."""
+    from lf_tokenize_action import BinningTokenizer, FastTokenizer
+
+    episodes, stats = read_actions(dataset)
+    try:
+        if kind == "binning":
+            tok = BinningTokenizer.fit(stats, n_bins=n_bins, bounds=bounds, binning=binning,
+                                       actions=np.concatenate(episodes) if binning == "quantile" else None)
+        elif kind == "fast":
+            tok = FastTokenizer.fit(make_chunks(episodes, horizon, stride), scale=scale, vocab_size=vocab_size,
+                                    stats=stats, bounds=bounds)
+        else:
+            _fail(f"--kind must be 'binning' or 'fast'; got {kind!r}")
+    except ValueError as err:
+        _fail(str(err))
+    tok.save(out)
+    print(f"wrote {out}: {tok!r}")
+
+
+@tokenize_app.command()
+def encode(
+    tokenizer: Annotated[Path, typer.Argument(help="Tokenizer JSON from `lf tokenize fit`.")],
+    actions: Annotated[Path, typer.Argument(help="Input .npy: (..., D) for binning, (n, H, D) for FAST.")],
+    out: Annotated[Path, typer.Argument(help="Output .npy: bins (..., D) or FAST tokens (n, L) padded with -1.")],
+) -> None:
+    """Encode actions from a .npy file into bins or FAST tokens."""
+    tok = _load(tokenizer)
+    x = np.load(actions)
+    try:
+        if hasattr(tok, "bpe"):
+            tokens = tok.encode(x)
+            width = max((len(t) for t in tokens), default=0)
+            res = np.full((len(tokens), width), PAD, dtype=np.int64)
+            for r, t in enumerate(tokens):
+                res[r, : len(t)] = t
+        else:
+            res = tok.encode(x)
+    except ValueError as err:
+        _fail(str(err))
+    np.save(out, res)
+    print(f"wrote {out}: shape {res.shape}")
+
+
+@tokenize_app.command()
+def decode(
+    tokenizer: Annotated[Path, typer.Argument(help="Tokenizer JSON from `lf tokenize fit`.")],
+    tokens: Annotated[Path, typer.Argument(help="Input .npy written by `lf tokenize encode`.")],
+    out: Annotated[Path, typer.Argument(help="Output .npy of actions (float64).")],
+    horizon: Annotated[int, typer.Option(help="fast: chunk length (default: the fitted one)")] = 0,
+    on_error: Annotated[str, typer.Option(help="fast: raise | mask (failed rows become NaN)")] = "raise",
+) -> None:
+    """Decode bins or FAST tokens from a .npy file back into actions."""
+    from lf_tokenize_action import ActionDecodeError
+
+    tok = _load(tokenizer)
+    ids = np.load(tokens)
+    try:
+        if hasattr(tok, "bpe"):
+            res = tok.decode(ids, horizon=horizon or None, on_error=on_error, pad_id=PAD)
+            if on_error == "mask":
+                res, failed = res
+                console.print(f"{int(failed.sum())} of {len(failed)} rows failed to decode (NaN)")
+        else:
+            res = tok.decode(ids)
+    except (ActionDecodeError, ValueError, TypeError) as err:
+        _fail(str(err))
+    np.save(out, res)
+    print(f"wrote {out}: shape {res.shape}")
+
+
+def report_rows(episodes: list[np.ndarray], stats: dict, *, horizon: int, scales: list[float],
+                vocab_sizes: list[int], n_bins: int, bounds: str = "q01_q99") -> list[dict[str, Any]]:
+    """Tokens per chunk and reconstruction error for binning and FAST on held-out episodes.
+
+    Episodes ``e`` with ``e % 5 == 4`` are held out for evaluation (all episodes when
+    fewer than 5); tokenizers are fitted on the rest, chunks use stride 1. Errors are
+    mean absolute errors in normalized units (``[-1, 1]`` scale of the bounds) and in
+    action units; ``clipped`` is the fraction of held-out chunks with a clipped value.
+    """
+    from lf_tokenize_action import BinningTokenizer, FastTokenizer
+
+    held = [e for i, e in enumerate(episodes) if i % 5 == 4] if len(episodes) >= 5 else episodes
+    train = [e for i, e in enumerate(episodes) if i % 5 != 4] if len(episodes) >= 5 else episodes
+    train_chunks, test = make_chunks(train, horizon, 1), make_chunks(held, horizon, 1)
+    rows = []
+
+    def add(name: str, tok: Any, out: np.ndarray, n_tokens: float, clipped: np.ndarray) -> None:
+        span = np.where(tok.high > tok.low, (tok.high - tok.low) / 2, 1.0)
+        rows.append({"tokenizer": name, "tokens_per_chunk": float(n_tokens),
+                     "mae_normalized": float(np.mean(np.abs(out - test) / span)),
+                     "mae_action": float(np.mean(np.abs(out - test))), "clipped": float(np.mean(clipped))})
+
+    for binning in ("uniform", "quantile"):
+        tok = BinningTokenizer.fit(stats, n_bins=n_bins, bounds=bounds, binning=binning,
+                                   actions=np.concatenate(train) if binning == "quantile" else None)
+        bins, clipped = tok.encode(test, return_clipped=True)
+        add(f"binning {binning} n_bins={n_bins}", tok, tok.decode(bins), horizon * test.shape[-1],
+            clipped.any(axis=(1, 2)))
+    for scale in scales:
+        for vocab in vocab_sizes:
+            try:
+                tok = FastTokenizer.fit(train_chunks, scale=scale, vocab_size=vocab, stats=stats, bounds=bounds)
+            except ValueError:
+                continue  # alphabet larger than the vocabulary: not a valid configuration
+            tokens, clipped = tok.encode(test, return_clipped=True)
+            add(f"FAST scale={scale:g} vocab={vocab}", tok, tok.decode(tokens, horizon=horizon),
+                np.mean([len(t) for t in tokens]), clipped)
+    return rows
+
+
+@tokenize_app.command()
+def report(
+    dataset: Annotated[Path, typer.Argument(help="LeRobot v3.0 dataset folder.")],
+    horizon: Annotated[int, typer.Option(help="chunk length H")] = 10,
+    scales: Annotated[str, typer.Option(help="FAST scales, comma-separated")] = "10,50,200",
+    vocab_sizes: Annotated[str, typer.Option(help="FAST vocabulary sizes, comma-separated")] = "256,1024,4096",
+    n_bins: Annotated[int, typer.Option(help="binning: bins per dimension")] = 256,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Compare tokenizers: tokens per chunk and reconstruction error (normalized and in action units)."""
+    episodes, stats = read_actions(dataset)
+    try:
+        rows = report_rows(episodes, stats, horizon=horizon, scales=[float(s) for s in scales.split(",")],
+                           vocab_sizes=[int(v) for v in vocab_sizes.split(",")], n_bins=n_bins)
+    except ValueError as err:
+        _fail(str(err))
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"{dataset.name}: {len(episodes)} episodes, horizon {horizon}, D {episodes[0].shape[1]}")
+    for col in ("tokenizer", "tokens/chunk", "MAE normalized", "MAE action units", "clipped chunks"):
+        table.add_column(col, justify="left" if col == "tokenizer" else "right")
+    for r in rows:
+        table.add_row(r["tokenizer"], f"{r['tokens_per_chunk']:.1f}", f"{r['mae_normalized']:.4f}",
+                      f"{r['mae_action']:.4f}", f"{r['clipped']:.1%}")
+    Console(width=120).print(table)
