@@ -48,9 +48,10 @@ def test_dict_round_trip():
     """from_dict(to_dict()) is equal; another version is refused naming the field."""
     v = ActionVocab(32000, 256)
     d = v.to_dict()
-    assert d == {"format": "lf-tokenize-action/vocab", "version": 1, "base_vocab_size": 32000, "n_bins": 256}
+    assert d == {"format": "lf-tokenize-action/vocab", "version": 2, "base_vocab_size": 32000, "n_bins": 256,
+                 "start": None, "descending": False}
     assert ActionVocab.from_dict(d) == v
-    with pytest.raises(ValueError, match="field 'version' must be 1; got 3"):
+    with pytest.raises(ValueError, match="field 'version' must be 1 or 2; got 3"):
         ActionVocab.from_dict({**d, "version": 3})
 
 
