@@ -4,11 +4,7 @@
 #   TORCH_SPEC   pip requirement for torch (default torch==2.13.0; any 2.11-2.13 build works)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! ldconfig -p 2>/dev/null | grep -q libOSMesa; then
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libosmesa6 >/dev/null
-fi
+bash scripts/ensure-osmesa.sh
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"

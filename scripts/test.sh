@@ -3,11 +3,7 @@
 # with only that library and its declared dependencies installed (see noxfile.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! ldconfig -p 2>/dev/null | grep -q libOSMesa; then
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libosmesa6 >/dev/null
-fi
+bash scripts/ensure-osmesa.sh
 python3 -m pip install -q "nox>=2024.4"
 export MUJOCO_GL="${MUJOCO_GL:-osmesa}"
 exec python3 -m nox -s lint tests "$@"
