@@ -24,7 +24,7 @@ LIBS: dict[str, tuple[str, str, list[str]]] = {
     "lf-ir": ("libs/lf-ir", "", ["lf-kernels"]),
     "lf-memory": ("libs/lf-memory", "", ["lf-kernels", "lf-ir"]),
     "lf-parallel": ("libs/lf-parallel", "", ["lf-kernels", "lf-ir", "lf-memory"]),
-    "lf-data": ("libs/lf-data", "[sim]", ["lf-tokenize-action"]),
+    "lf-data": ("libs/lf-data", "[sim,test]", ["lf-tokenize-action"]),
     "lf-orchestrator": ("apps/lf-orchestrator", "", ["lf-tokenize-action", "lf-kernels", "lf-ir",
                                                      "lf-memory", "lf-parallel", "lf-data"]),
 }
