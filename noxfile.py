@@ -21,7 +21,7 @@ TORCH = "torch==2.13.0"
 LIBS: dict[str, tuple[str, str, list[str]]] = {
     "lf-tokenize-action": ("libs/lf-tokenize-action", "", []),
     "lf-kernels": ("libs/lf-kernels", "", []),
-    "lf-ir": ("libs/lf-ir", "", ["lf-kernels"]),
+    "lf-ir": ("libs/lf-ir", "[test]", ["lf-kernels"]),
     "lf-memory": ("libs/lf-memory", "", ["lf-kernels", "lf-ir"]),
     "lf-parallel": ("libs/lf-parallel", "", ["lf-kernels", "lf-ir", "lf-memory"]),
     "lf-data": ("libs/lf-data", "[sim,test]", ["lf-tokenize-action"]),

@@ -19,6 +19,7 @@ from lf_ir._graph import (
 )
 from lf_ir._lower import (
                           ComponentModule,
+                          LMHeadModule,
                           TransformerBlockModule,
                           init_weights,
                           lf_modules,
@@ -32,21 +33,25 @@ from lf_ir._nodes import (
                           IRError,
                           LearnedPositional,
                           Linear,
+                          LMHead,
                           Node,
                           Norm,
                           PatchEmbed2D,
+                          RoPE,
                           TransformerBlock,
 )
+from lf_ir._rope_torch import apply_rope, rope_cos_sin, rope_inv_freq
 from lf_ir.recipes import RECIPES
+from lf_ir.recipes.llama3 import Llama3Config, Llama3Model, llama3_config, next_token_loss
 from lf_ir.recipes.vla import VLAConfig, VLAModel, vla_config
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "MLP", "RECIPES", "Attention", "Component", "ComponentModule", "Edge", "Embedding", "Graph",
-    "IRError", "LearnedPositional", "Linear", "Node", "Norm", "PatchEmbed2D", "TransformerBlock",
-    "TransformerBlockModule", "VLAConfig", "VLAModel", "forward_flops", "from_json",
-    "init_weights", "lf_modules", "lower_node", "materialize", "node_backward_flops",
-    "node_forward_flops", "node_params", "param_count", "summary_rows", "to_json", "validate",
-    "vla_config",
+    "IRError", "LMHead", "LMHeadModule", "LearnedPositional", "Linear", "Llama3Config", "Llama3Model", "Node",
+    "Norm", "PatchEmbed2D", "RoPE", "TransformerBlock", "TransformerBlockModule", "VLAConfig", "VLAModel",
+    "apply_rope", "forward_flops", "from_json", "init_weights", "lf_modules", "llama3_config", "lower_node",
+    "materialize", "next_token_loss", "node_backward_flops", "node_forward_flops", "node_params",
+    "param_count", "rope_cos_sin", "rope_inv_freq", "summary_rows", "to_json", "validate", "vla_config",
 ]

@@ -3,7 +3,7 @@
 FLOPs count a multiply-add as 2 and use the dense attention term
 (4 * seq^2 * dim per sample for scores and weighted values), the convention of
 PaLM (arXiv 2204.02311, appendix B) and torchtitan. Backward is taken as twice
-the forward. Element-wise ops (norms, activations, adds) count 0, as in
+the forward. Element-wise ops (norms, activations, adds, rotary embeddings) count 0, as in
 ``torch.utils.flop_counter``.
 """
 
@@ -17,6 +17,7 @@ from lf_ir._nodes import (
     Embedding,
     LearnedPositional,
     Linear,
+    LMHead,
     Norm,
     PatchEmbed2D,
     TransformerBlock,
@@ -40,6 +41,8 @@ def node_forward_flops(node: _Node, batch: int, seq: int) -> int:
         return 0
     if isinstance(node, Linear):
         return 2 * tokens * node.in_features * node.out_features
+    if isinstance(node, LMHead):
+        return 2 * tokens * node.dim * node.vocab_size
     if isinstance(node, PatchEmbed2D):
         k = node.in_channels * node.patch_size ** 2
         return 2 * batch * node.num_patches * k * node.dim

@@ -15,7 +15,7 @@ from typing import Literal
 import msgspec
 
 from lf_ir._cost import node_forward_flops, node_params
-from lf_ir._nodes import IRError, Node, TransformerBlock
+from lf_ir._nodes import Embedding, IRError, LMHead, Node, TransformerBlock
 
 Modality = Literal["image", "text", "state", "action", "sequence"]
 
@@ -91,7 +91,7 @@ def validate(graph: Graph) -> Graph:
         names: set[str] = set()
         width: int | None = None
         prev = "<input>"
-        for node in comp.nodes:
+        for i, node in enumerate(comp.nodes):
             if node.name in names:
                 raise IRError(f"component {comp.name!r}: duplicate node name {node.name!r}")
             names.add(node.name)
@@ -99,6 +99,8 @@ def validate(graph: Graph) -> Graph:
                 raise IRError(
                     f"component {comp.name!r}, node {node.name!r}: expects input width "
                     f"{node.in_dim} but {prev!r} produces {width}")
+            if isinstance(node, LMHead) and node.tied_to is not None:
+                _check_tie(comp, i, node)
             width, prev = node.out_dim, node.name
     for edge in graph.edges:
         src, dst = graph.component(edge.src), graph.component(edge.dst)
@@ -112,6 +114,18 @@ def validate(graph: Graph) -> Graph:
             raise IRError(f"edge {edge.src}->{edge.dst}: node {edge.src!r}.{edge.src_node!r} "
                           f"produces width {out} but {edge.dst!r} runs at width {model_dim}")
     return graph
+
+
+def _check_tie(comp: Component, index: int, head: LMHead) -> None:
+    earlier = {n.name: n for n in comp.nodes[:index]}
+    table = earlier.get(head.tied_to)
+    where = f"component {comp.name!r}, node {head.name!r}"
+    if not isinstance(table, Embedding):
+        raise IRError(f"{where}: tied_to {head.tied_to!r} must name an earlier Embedding node of the "
+                      f"component; earlier nodes: {list(earlier)}")
+    if (table.num_embeddings, table.dim) != head.weight_shape():
+        raise IRError(f"{where}: tied to {head.tied_to!r} of shape {(table.num_embeddings, table.dim)} "
+                      f"but the head needs {head.weight_shape()}")
 
 
 def _model_width(comp: Component) -> int | None:

@@ -26,11 +26,13 @@ from lf_ir._nodes import (
     Embedding,
     LearnedPositional,
     Linear,
+    LMHead,
     Norm,
     PatchEmbed2D,
     TransformerBlock,
     _Node,
 )
+from lf_ir._rope_torch import apply_rope, rope_cos_sin
 from lf_kernels import MaskSpec, attention
 
 INIT_STD = 0.02
@@ -60,23 +62,33 @@ class LearnedPositionalModule(nn.Module):
 
 
 class AttentionModule(nn.Module):
-    """GQA self-attention through :func:`lf_kernels.attention`."""
+    """GQA self-attention through :func:`lf_kernels.attention`, with RoPE when the node has one.
+
+    ``positions`` (batch, seq) int64 gives each token's rotary position
+    (default ``0..seq-1``); it is ignored without RoPE.
+    """
 
     def __init__(self, node: Attention):
         super().__init__()
         kv = node.kv_heads * node.head_dim
         self.heads, self.kv_heads, self.head_dim = node.heads, node.kv_heads, node.head_dim
+        self.rope = node.rope
         self.q = nn.Linear(node.dim, node.dim, bias=node.bias)
         self.k = nn.Linear(node.dim, kv, bias=node.bias)
         self.v = nn.Linear(node.dim, kv, bias=node.bias)
         self.o = nn.Linear(node.dim, node.dim, bias=node.bias)
 
-    def forward(self, x_bsd: torch.Tensor, mask: MaskSpec,
-                key_padding: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x_bsd: torch.Tensor, mask: MaskSpec, key_padding: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         b, s, _ = x_bsd.shape
         q_bhsd = self.q(x_bsd).view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k_bhsd = self.k(x_bsd).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v_bhsd = self.v(x_bsd).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self.rope is not None:
+            if positions is None:
+                positions = torch.arange(s, device=x_bsd.device).expand(b, s)
+            cos, sin = rope_cos_sin(self.rope, self.head_dim, positions, q_bhsd.dtype)
+            q_bhsd, k_bhsd = apply_rope(q_bhsd, cos, sin), apply_rope(k_bhsd, cos, sin)
         out_bhsd = attention(q_bhsd, k_bhsd, v_bhsd, mask, key_padding=key_padding)
         return self.o(out_bhsd.transpose(1, 2).reshape(b, s, -1))
 
@@ -109,10 +121,33 @@ class TransformerBlockModule(nn.Module):
         self.mlp_norm = lower_node(node.mlp_norm)
         self.mlp = lower_node(node.mlp)
 
-    def forward(self, x_bsd: torch.Tensor, mask: MaskSpec,
-                key_padding: torch.Tensor | None = None) -> torch.Tensor:
-        x_bsd = x_bsd + self.attention(self.attn_norm(x_bsd), mask, key_padding)
+    def forward(self, x_bsd: torch.Tensor, mask: MaskSpec, key_padding: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        x_bsd = x_bsd + self.attention(self.attn_norm(x_bsd), mask, key_padding, positions)
         return x_bsd + self.mlp(self.mlp_norm(x_bsd))
+
+
+class LMHeadModule(nn.Module):
+    """Logits (batch, seq, vocab) = x (batch, seq, dim) @ weight.T, weight own or tied.
+
+    A tied head registers no parameter: it reads the weight of the embedding
+    module given to :meth:`tie` at every call, so the tie survives ``to_empty``,
+    dtype casts and loading a state dict (which then has no head entry).
+    """
+
+    def __init__(self, node: LMHead):
+        super().__init__()
+        self._tied: list[nn.Module] = []  # a plain list: the embedding is not a submodule here
+        if node.tied_to is None:
+            self.weight = nn.Parameter(torch.empty(node.vocab_size, node.dim))
+
+    def tie(self, embedding: nn.Module) -> None:
+        """Share ``embedding.weight`` (vocab, dim) from now on."""
+        self._tied[:] = [embedding]
+
+    def forward(self, x_bsd: torch.Tensor) -> torch.Tensor:
+        weight = self._tied[0].weight if self._tied else self.weight
+        return nn.functional.linear(x_bsd, weight)
 
 
 def lower_node(node: _Node) -> nn.Module:
@@ -138,6 +173,8 @@ def lower_node(node: _Node) -> nn.Module:
         module = MLPModule(node)
     elif isinstance(node, TransformerBlock):
         module = TransformerBlockModule(node)
+    elif isinstance(node, LMHead):
+        module = LMHeadModule(node)
     else:
         raise TypeError(f"node {node.name!r}: no lowering for {type(node).__name__}")
     module.lf_node = node
@@ -156,6 +193,9 @@ class ComponentModule(nn.Module):
         self.lf_component = component
         self.layers = nn.ModuleList(lower_node(n) for n in component.nodes)
         self.index = {n.name: i for i, n in enumerate(component.nodes)}
+        for node, module in zip(component.nodes, self.layers, strict=True):
+            if isinstance(node, LMHead) and node.tied_to is not None:
+                module.tie(self[node.tied_to])
 
     def __getitem__(self, name: str) -> nn.Module:
         return self.layers[self.index[name]]
@@ -166,13 +206,17 @@ class ComponentModule(nn.Module):
 
     def forward(self, x: torch.Tensor, *, mask: MaskSpec | None = None,
                 key_padding: torch.Tensor | None = None, start: int = 0,
-                stop: int | None = None) -> torch.Tensor:
-        """Apply ``layers[start:stop]``; blocks need ``mask`` (ValueError otherwise)."""
+                stop: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Apply ``layers[start:stop]``; blocks need ``mask`` (ValueError otherwise).
+
+        ``positions`` (batch, seq) int64 are the rotary positions of the tokens
+        (default ``0..seq-1``), used by attention nodes that carry a RoPE.
+        """
         for layer in self.layers[start:stop]:
             if isinstance(layer, TransformerBlockModule):
                 if mask is None:
                     raise ValueError(f"component {self.lf_component.name!r}: blocks need a mask")
-                x = layer(x, mask, key_padding)
+                x = layer(x, mask, key_padding, positions)
             else:
                 x = layer(x)
         return x

@@ -14,27 +14,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-import msgspec
+from lf_ir._base import IRError, TPStyle, _Node
+from lf_ir._nodes_lm import LMHead
+from lf_ir._rope import RoPE
+
+__all__ = ["MLP", "Attention", "Embedding", "IRError", "LMHead", "LearnedPositional", "Linear", "MaskKind",
+           "Node", "Norm", "PatchEmbed2D", "RoPE", "TPStyle", "TransformerBlock", "_Node"]
 
 MaskKind = Literal["full", "causal", "prefix_lm"]
-TPStyle = Literal["column", "row", "replicate"]
-
-
-class IRError(ValueError):
-    """A malformed IR node, component or graph; the message names the node."""
-
-
-class _Node(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
-    name: str
-    """Unique name of the node inside its component (dotted paths are allowed)."""
-
-    def _fail(self, message: str) -> None:
-        raise IRError(f"node {self.name!r} ({type(self).__name__}): {message}")
-
-    def _positive(self, **fields: int) -> None:
-        for key, value in fields.items():
-            if not isinstance(value, int) or value <= 0:
-                self._fail(f"{key} must be a positive integer, got {value!r}")
 
 
 class Embedding(_Node, frozen=True, kw_only=True, tag="embedding"):
@@ -200,6 +187,8 @@ class Attention(_Node, frozen=True, kw_only=True, tag="attention"):
     """Which positions may attend to which (see lf_kernels.MaskSpec)."""
     bias: bool = False
     """Whether the q/k/v/o projections carry biases."""
+    rope: RoPE | None = None
+    """Rotary position embedding applied to q and k (None: no rotary embedding)."""
 
     def __post_init__(self) -> None:
         self._positive(dim=self.dim, heads=self.heads, kv_heads=self.kv_heads)
@@ -209,6 +198,10 @@ class Attention(_Node, frozen=True, kw_only=True, tag="attention"):
             self._fail(f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
         if self.mask not in ("full", "causal", "prefix_lm"):
             self._fail(f"unknown mask kind {self.mask!r}; expected full, causal or prefix_lm")
+        if self.rope is not None:
+            problem = self.rope.problem(self.head_dim)
+            if problem:
+                self._fail(f"rope: {problem}")
 
     @property
     def head_dim(self) -> int:
@@ -302,5 +295,6 @@ class TransformerBlock(_Node, frozen=True, kw_only=True, tag="transformer_block"
         return shapes
 
 
-Node = Embedding | Linear | PatchEmbed2D | LearnedPositional | Norm | Attention | MLP | TransformerBlock
+Node = (Embedding | Linear | PatchEmbed2D | LearnedPositional | Norm | Attention | MLP | TransformerBlock
+        | LMHead)
 """Any IR node (a tagged union: JSON carries the ``op`` field)."""
