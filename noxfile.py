@@ -25,7 +25,7 @@ LIBS: dict[str, tuple[str, str, list[str]]] = {
     "lf-memory": ("libs/lf-memory", "", ["lf-kernels", "lf-ir"]),
     "lf-parallel": ("libs/lf-parallel", "", ["lf-kernels", "lf-ir", "lf-memory"]),
     "lf-data": ("libs/lf-data", "[sim,test]", ["lf-tokenize-action"]),
-    "lf-orchestrator": ("apps/lf-orchestrator", "", ["lf-tokenize-action", "lf-kernels", "lf-ir",
+    "lf-orchestrator": ("apps/lf-orchestrator", "[test]", ["lf-tokenize-action", "lf-kernels", "lf-ir",
                                                      "lf-memory", "lf-parallel", "lf-data"]),
 }
 TEST_DEPS = ["pytest>=8", "hypothesis>=6"]

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from lf_orchestrator import __version__
 from lf_orchestrator.config import ConfigError, json_schema, load_config, to_toml
+from lf_orchestrator.ir_cmd import convert_app, ir_app
 from lf_orchestrator.tokenize_cmd import tokenize_app
 
 app = typer.Typer(help="LoongForge: train multimodal models from one config file.",
@@ -28,6 +29,8 @@ data_app = typer.Typer(help="Make and inspect datasets.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(data_app, name="data")
 app.add_typer(tokenize_app, name="tokenize")
+app.add_typer(ir_app, name="ir")
+app.add_typer(convert_app, name="convert")
 console = Console(stderr=True)
 
 SetOpt = Annotated[Optional[list[str]], typer.Option(
