@@ -27,7 +27,7 @@ Hooks with side effects (counters, auxiliary losses) must tolerate that.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from torch import nn
@@ -54,13 +54,14 @@ def _is_checkpointed(module: nn.Module) -> bool:
     return _composable_checkpoint is not None and _composable_checkpoint.state(module) is not None
 
 
-def _checkpoint_forward(module: nn.Module) -> None:
+def _checkpoint_forward(module: nn.Module, context_fn: Callable | None = None) -> None:
     """Fallback: route ``module.forward`` through non-reentrant checkpointing."""
     inner_forward = module.forward
+    extra = {} if context_fn is None else {"context_fn": context_fn}
 
     @functools.wraps(inner_forward)
     def forward(*args, **kwargs):
-        return _checkpoint_fn(inner_forward, *args, use_reentrant=False, **kwargs)
+        return _checkpoint_fn(inner_forward, *args, use_reentrant=False, **extra, **kwargs)
 
     module.forward = forward  # instance attribute: no new submodule, same keys
     module.__dict__[_FALLBACK_MARK] = True
@@ -85,8 +86,12 @@ def _resolve_flags(num_blocks: int, enabled: bool | Sequence[bool]) -> list[bool
 
 
 def _apply(
-    blocks: nn.ModuleList, enabled: bool | Sequence[bool], backend: _Backend
+    blocks: nn.ModuleList,
+    enabled: bool | Sequence[bool],
+    backend: _Backend,
+    context_fn: Callable | None = None,
 ) -> list[int]:
+    """Checkpoint the chosen blocks; ``context_fn`` (selective checkpointing) goes to the backend."""
     if not isinstance(blocks, nn.ModuleList):
         raise TypeError(f"blocks must be a torch.nn.ModuleList, got {type(blocks).__name__}")
     flags = _resolve_flags(len(blocks), enabled)
@@ -106,9 +111,10 @@ def _apply(
         seen[id(block)] = index
     for index in chosen:
         if backend == "composable":
-            _composable_checkpoint(blocks[index])
+            extra = {} if context_fn is None else {"context_fn": context_fn}
+            _composable_checkpoint(blocks[index], **extra)
         else:
-            _checkpoint_forward(blocks[index])
+            _checkpoint_forward(blocks[index], context_fn)
     return chosen
 
 

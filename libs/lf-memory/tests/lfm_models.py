@@ -1,0 +1,71 @@
+"""Tiny lf-ir recipes and the inputs their blocks receive, shared by the tests."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from lf_ir import Llama3Model, VLAModel, llama3_config, materialize, vla_config
+from lf_kernels import MaskSpec
+
+BATCH = 2
+LLAMA_SEQ = 24
+
+
+@functools.cache
+def _vla_state() -> dict:
+    with torch.device("meta"):
+        model = VLAModel(vla_config("tiny"))
+    return materialize(model, "cpu", 0).state_dict()
+
+
+def tiny_vla() -> VLAModel:
+    """A fresh tiny VLA with fixed weights (seed 0)."""
+    with torch.device("meta"):
+        model = VLAModel(vla_config("tiny"))
+    model.to_empty(device="cpu")
+    model.load_state_dict(_vla_state())
+    return model
+
+
+def tiny_llama() -> Llama3Model:
+    """A fresh tiny Llama 3 with fixed weights (seed 0)."""
+    with torch.device("meta"):
+        model = Llama3Model(llama3_config("tiny"))
+    return materialize(model, "cpu", 0)
+
+
+def vla_inputs(model: VLAModel, seed: int = 0) -> tuple:
+    """(image, instruction_ids, instruction_mask, state, action_in_ids) for ``model``; some padding."""
+    cfg, gen = model.cfg, torch.Generator().manual_seed(seed)
+    image = torch.randint(0, 256, (BATCH, cfg.image_size, cfg.image_size, 3), generator=gen, dtype=torch.uint8)
+    ids = torch.randint(0, cfg.text_vocab_size, (BATCH, cfg.max_instruction_len), generator=gen)
+    mask = torch.ones(BATCH, cfg.max_instruction_len, dtype=torch.bool)
+    mask[0, 10:] = False
+    state = torch.randn(BATCH, cfg.state_dim, generator=gen)
+    actions = torch.randint(cfg.text_vocab_size, cfg.vocab_size, (BATCH, cfg.num_action_tokens - 1), generator=gen)
+    return image, ids, mask, state, actions
+
+
+def llama_inputs(seed: int = 0) -> torch.Tensor:
+    """Token ids (BATCH, LLAMA_SEQ) int64."""
+    return torch.randint(0, 256, (BATCH, LLAMA_SEQ), generator=torch.Generator().manual_seed(seed))
+
+
+def block_cases() -> list[tuple[str, torch.nn.Module, tuple, int, bool]]:
+    """(name, block, args, seq, key_padding) for each kind of tiny block, args as the model passes them."""
+    vla, llama = tiny_vla(), tiny_llama()
+    gen = torch.Generator().manual_seed(3)
+    cfg = vla.cfg
+    patches = (cfg.image_size // cfg.patch_size) ** 2
+    padding = torch.ones(BATCH, cfg.seq_len, dtype=torch.bool)
+    padding[0, patches + 10: patches + cfg.max_instruction_len] = False
+    return [
+        ("vla.vision", vla.components["vision"].blocks[0],
+         (torch.randn(BATCH, patches, cfg.vision_dim, generator=gen), MaskSpec(kind="full")), patches, False),
+        ("vla.backbone", vla.components["backbone"].blocks[0],
+         (torch.randn(BATCH, cfg.seq_len, cfg.dim, generator=gen), vla.mask, padding), cfg.seq_len, True),
+        ("llama3", llama.blocks[0],
+         (torch.randn(BATCH, LLAMA_SEQ, llama.cfg.dim, generator=gen), llama.mask), LLAMA_SEQ, False),
+    ]
