@@ -3,6 +3,7 @@ that was broken; the CLI is driven through Typer's runner and, once, as a real p
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -64,7 +65,7 @@ def test_range_errors_name_key_and_value():
 
 
 def test_overrides_apply():
-    cfg = load_config(overrides=["train.steps=7", "data.tasks=['push-v3']", "run.name=x"])
+    cfg = load_config(overrides=["train.steps=7", "train.warmup_steps=2", "data.tasks=['push-v3']", "run.name=x"])
     assert (cfg.train.steps, cfg.data.tasks, cfg.run.name) == (7, ["push-v3"], "x")
 
 
@@ -83,3 +84,31 @@ def test_version_and_schema():
     assert out.exit_code == 0 and out.output.strip() == "lf 0.1.0"
     schema = runner.invoke(app, ["config", "schema"])
     assert schema.exit_code == 0 and '"TrainSection"' in schema.output
+
+
+def test_early_checks_name_the_key():
+    """Oracle: the key each bad value belongs to; all fail before any run folder exists."""
+    cases = {"data.tasks=['reach-v33']": "data.tasks: unknown Meta-World task 'reach-v33'; did you mean",
+             "model.size='huge'": "model.size: expected one of ['small', 'tiny'], got 'huge'",
+             "model.overrides.bogus=3": "model.overrides: unknown field 'bogus'",
+             "run.seed=-1": "run.seed: expected a value >= 0, got -1",
+             "train.warmup_steps=5000": "train.warmup_steps: expected at most train.steps (1500)",
+             "run.name=''": "run.name: expected a non-empty folder name",
+             "eval.seed=0": "eval.seed: expected a seed other than data.seed"}
+    for override, message in cases.items():
+        with pytest.raises(ConfigError, match="with --set: " + re.escape(message)):
+            load_config(overrides=[override])
+    with pytest.raises(ConfigError, match=r"model: .*dim 30 is not divisible by heads 4"):
+        load_config(overrides=["model.size='tiny'", "model.overrides.dim=30"])
+
+
+def test_resume_rejects_overrides_the_checkpoint_fixes(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text(to_toml(load_config()))
+    line = _error_line(runner.invoke(app, ["run", "--resume", str(run), "--set", "model.size='small'"]))
+    assert "--set model.size cannot change on resume" in line
+    line = _error_line(runner.invoke(app, ["run", str(run / "config.toml"), "--resume", str(run)]))
+    assert "either a CONFIG or --resume, not both" in line
+    line = _error_line(runner.invoke(app, ["run", "--resume", str(run), "--set", "run.device='cpu'"]))
+    assert "no complete checkpoint to resume from" in line

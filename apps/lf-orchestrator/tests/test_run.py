@@ -56,6 +56,40 @@ def test_lf_run_trains_checkpoints_and_evaluates(tiny_config):
     assert row["task"] == "reach-v3" and row["episodes"] == 2
     assert 0.0 <= row["vla_success"] <= 1.0 and 0.0 <= row["random_success"] <= 1.0
     assert "Closed-loop success" in result.output
+    # `lf eval` adds its own report and never overwrites the end-of-training one
+    again = CliRunner().invoke(app, ["eval", str(run_dir), "--episodes", "1", "--no-random"])
+    assert again.exit_code == 0, again.output
+    (extra,) = run_dir.glob("eval-*.json")
+    assert json.loads(extra.read_text())["tasks"][0]["episodes"] == 1
+    assert json.loads((run_dir / "eval.json").read_text()) == report
+    # a second run with the same name in the same second gets its own folder
+    from lf_orchestrator.cli import _new_run_dir
+    from lf_parallel import init_distributed
+
+    ctx = init_distributed("cpu")
+    a, b = _new_run_dir(cfg, ctx), _new_run_dir(cfg, ctx)
+    assert a != b and a.is_dir() and b.is_dir()
+
+
+@pytest.mark.parametrize("mode", ["full", "selective", "every_k"])
+def test_recompute_modes_train_identically(tiny_config, tmp_path, mode):
+    """Oracle: the same run without recomputation; recomputation changes memory, not numbers."""
+    from lf_orchestrator.trainer import Trainer
+    from lf_parallel import init_distributed
+
+    ctx = init_distributed("cpu")
+    losses = {}
+    for m in ("none", mode):
+        cfg = load_config(tiny_config, ["eval.at_end=false", "train.steps=2", "train.warmup_steps=1",
+                                        f"memory.recompute='{m}'"])
+        run_dir = tmp_path / m
+        run_dir.mkdir()
+        trainer = Trainer(cfg, run_dir, ctx)
+        assert len(trainer.recomputed) == (0 if m == "none" else
+                                           len(trainer.model.blocks) if m != "every_k" else 2)
+        trainer.fit()
+        losses[m] = _losses(run_dir)
+    assert losses["none"] == losses[mode]
 
 
 def test_resume_continues_exactly(tiny_config, tmp_path):

@@ -18,14 +18,14 @@ from rich.console import Console
 from rich.table import Table
 
 from lf_orchestrator import __version__
-from lf_orchestrator.config import ConfigError, json_schema, load_config, to_toml
+from lf_orchestrator.config import ConfigError, check_resume_overrides, json_schema, load_config, to_toml
 from lf_orchestrator.ir_cmd import convert_app, ir_app
 from lf_orchestrator.tokenize_cmd import tokenize_app
 
 app = typer.Typer(help="LoongForge: train multimodal models from one config file.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 config_app = typer.Typer(help="Show or describe run configs.", no_args_is_help=True)
-data_app = typer.Typer(help="Make and inspect datasets.", no_args_is_help=True)
+data_app = typer.Typer(help="Make datasets (robot demonstrations).", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(data_app, name="data")
 app.add_typer(tokenize_app, name="tokenize")
@@ -63,15 +63,21 @@ def _threads(n: int) -> None:
 def _new_run_dir(cfg, ctx) -> Path:
     import torch.distributed as dist
 
-    name = [f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"]
+    name = [""]
+    if ctx.is_main:  # a fresh folder, never one another run created in the same second
+        base = Path(cfg.run.out_dir) / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for i in range(1, 1000):
+            candidate = base if i == 1 else base.with_name(f"{base.name}-{i}")
+            try:
+                candidate.mkdir()
+                name[0] = str(candidate)
+                break
+            except FileExistsError:
+                continue
     if ctx.distributed:
         dist.broadcast_object_list(name, src=0)
-    run_dir = Path(cfg.run.out_dir) / name[0]
-    if ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=False)
-    if ctx.distributed:
-        dist.barrier()
-    return run_dir
+    return Path(name[0])
 
 
 def print_eval(report: dict) -> None:
@@ -95,35 +101,53 @@ def run(config: Annotated[Optional[Path], typer.Argument(
     """Train a model from one config file, then evaluate it."""
     try:
         if resume is not None:
+            if config is not None:
+                _fail(f"give either a CONFIG or --resume, not both (a resumed run uses "
+                      f"{resume / 'config.toml'})")
             if not (resume / "config.toml").is_file():
                 _fail(f"--resume {resume}: not a run folder (no config.toml)")
+            check_resume_overrides(overrides)
             cfg = load_config(resume / "config.toml", overrides)
+            from lf_orchestrator.checkpoint import latest_checkpoint
+
+            if latest_checkpoint(resume) is None:
+                _fail(f"--resume {resume}: no complete checkpoint to resume from under "
+                      f"{resume / 'checkpoints'}")
         else:
             cfg = load_config(config, overrides)
     except ConfigError as err:
         _fail(str(err))
     _threads(cfg.run.threads)
+    from lf_ir import IRError
     from lf_parallel import PlanError, init_distributed, shutdown
 
-    ctx = init_distributed(cfg.run.device)
+    try:
+        ctx = init_distributed(cfg.run.device)
+    except ValueError as err:
+        _fail(str(err))
     try:
         _train_and_eval(cfg, ctx, resume)
-    except (ConfigError, PlanError) as err:
+    except (ConfigError, PlanError, IRError, ValueError, FileNotFoundError) as err:
         _fail(str(err))
     finally:
         shutdown(ctx)
 
 
 def _train_and_eval(cfg, ctx, resume: Optional[Path]) -> None:
+    import msgspec
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from lf_orchestrator.checkpoint import write_text_atomic
     from lf_orchestrator.trainer import Trainer
 
+    # Resolve the dataset path now, so a resumed or evaluated run finds it from any folder.
+    cfg = msgspec.structs.replace(cfg, data=msgspec.structs.replace(
+        cfg.data, path=str(Path(cfg.data.path).resolve())))
     run_dir = resume if resume is not None else _new_run_dir(cfg, ctx)
     if ctx.is_main:
-        write_text_atomic(run_dir / "config.toml", to_toml(cfg))
         console.print(f"run folder: [bold]{run_dir}[/]")
+        if resume is None:
+            write_text_atomic(run_dir / "config.toml", to_toml(cfg))
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
                         console=console, disable=not ctx.is_main, transient=False)
@@ -134,6 +158,13 @@ def _train_and_eval(cfg, ctx, resume: Optional[Path]) -> None:
             progress.update(gen, completed=done, total=total, visible=True)
 
         trainer = Trainer(cfg, run_dir, ctx, resume=resume is not None, data_progress=on_data)
+        if ctx.is_main and resume is not None:  # the checkpoint loaded: keep the overrides
+            write_text_atomic(run_dir / "config.toml", to_toml(cfg))
+            console.print(f"resumed from step {trainer.step} of {cfg.train.steps}")
+        if trainer.step >= cfg.train.steps:
+            if ctx.is_main:
+                console.print("the run is already finished; raise train.steps with --set to continue")
+            return
         if ctx.is_main:
             write_text_atomic(run_dir / "plan.json", json.dumps(
                 {"plan": trainer.plan.describe(), "world_size": ctx.world_size,
@@ -165,13 +196,15 @@ def _train_and_eval(cfg, ctx, resume: Optional[Path]) -> None:
 
 @app.command("eval")
 def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by `lf run`.")],
-             episodes: Annotated[Optional[int], typer.Option(help="Episodes per task.")] = None,
+             episodes: Annotated[Optional[int], typer.Option(
+                 help="Episodes per task (default: the run's eval.episodes).")] = None,
              tasks: Annotated[Optional[str], typer.Option(help="Comma-separated tasks.")] = None,
              random: Annotated[bool, typer.Option(help="Measure the random baseline.")] = True,
              device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto"):
     """Run a trained VLA closed-loop in Meta-World and report success per task."""
     if not (run_dir / "config.toml").is_file():
-        _fail(f"{run_dir}: not a run folder (no config.toml)")
+        _fail(f"{run_dir}: not a run folder (no config.toml)" if run_dir.exists()
+              else f"{run_dir}: no such folder")
     if episodes is not None and episodes < 1:
         _fail(f"--episodes must be >= 1, got {episodes}")
     _threads(0)
@@ -179,11 +212,18 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
     from lf_parallel import resolve_device
 
     try:
-        report = evaluate_run(run_dir, device=resolve_device(device), episodes=episodes,
-                              tasks=tasks.split(",") if tasks else None, random_baseline=random)
+        dev = resolve_device(device)
+    except ValueError as err:
+        _fail(f"--device: {err}")
+    out_name = f"eval-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    try:
+        report = evaluate_run(run_dir, device=dev, episodes=episodes,
+                              tasks=tasks.split(",") if tasks else None, random_baseline=random,
+                              out_name=out_name)
     except (FileNotFoundError, ConfigError, ValueError) as err:
         _fail(str(err))
     print_eval(report)
+    console.print(f"report: {run_dir / out_name}")
 
 
 @data_app.command("metaworld")

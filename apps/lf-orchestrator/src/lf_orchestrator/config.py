@@ -32,7 +32,7 @@ class RunSection(_Section):
     out_dir: str = "runs"
     """Folder that holds run folders."""
     seed: int = 0
-    """Seed for weights, data order and evaluation."""
+    """Seed for weight initialization and data order (evaluation uses ``eval.seed``)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to compute: ``auto`` takes the GPU when there is one."""
     threads: int = 0
@@ -55,6 +55,8 @@ class DataSection(_Section):
     """Episode length limit, steps."""
     workers: int = 2
     """Processes for generation."""
+    seed: int = 0
+    """Base seed of the generated demonstrations (part of the dataset's cache key)."""
     action_horizon: int = 4
     """Action steps predicted per sample (action chunk)."""
     max_instruction_len: int = 8
@@ -103,8 +105,10 @@ class TrainSection(_Section):
 
 
 class MemorySection(_Section):
-    recompute: Literal["none", "full"] = "none"
-    """Activation recomputation per transformer block."""
+    recompute: Literal["none", "full", "selective", "every_k"] = "none"
+    """Activation recomputation of transformer blocks (lf-memory ``apply_recompute``)."""
+    recompute_every: int = 2
+    """With ``every_k``: recompute every k-th block."""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     """Compute precision (lf-memory); ``auto`` is bf16 on GPUs that support it."""
 
@@ -194,10 +198,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             the message names the file and the dotted key.
     """
     where = str(path) if path is not None else f"<default {DEFAULT_NAME}>"
+    if overrides:
+        where += " with --set"
     if path is None:
         text = default_config_text()
     else:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"{where}: is a directory, expected a TOML config file")
         if not p.is_file():
             raise ConfigError(f"{where}: config file not found")
         text = p.read_text()
@@ -235,6 +243,7 @@ def check_config(cfg: Config, where: str = "config") -> Config:
                        ("action_tokenizer.n_bins", cfg.action_tokenizer.n_bins),
                        ("eval.episodes", e.episodes), ("eval.max_steps", e.max_steps),
                        ("parallel.dp", cfg.parallel.dp),
+                       ("memory.recompute_every", cfg.memory.recompute_every),
                        ("parallel.micro_batch", cfg.parallel.micro_batch),
                        ("parallel.grad_accum", cfg.parallel.grad_accum)]:
         _require(value >= 1, where, key, "an integer >= 1", value)
@@ -244,13 +253,73 @@ def check_config(cfg: Config, where: str = "config") -> Config:
     _require(t.warmup_steps >= 0, where, "train.warmup_steps", "an integer >= 0", t.warmup_steps)
     _require(t.grad_clip >= 0, where, "train.grad_clip", "a number >= 0", t.grad_clip)
     _require(cfg.run.threads >= 0, where, "run.threads", "an integer >= 0", cfg.run.threads)
+    for key, value in [("run.seed", cfg.run.seed), ("data.seed", d.seed), ("eval.seed", e.seed),
+                       ("train.weight_decay", t.weight_decay)]:
+        _require(value >= 0, where, key, "a value >= 0", value)
+    _require(t.warmup_steps <= t.steps, where, "train.warmup_steps", f"at most train.steps ({t.steps})",
+             t.warmup_steps)
+    name = cfg.run.name
+    _require(bool(name) and not name.startswith("-") and "/" not in name and "\\" not in name,
+             where, "run.name", "a non-empty folder name without '/' that does not start with '-'", name)
+    _require(d.action_horizon <= d.max_steps, where, "data.action_horizon",
+             f"at most data.max_steps ({d.max_steps})", d.action_horizon)
+    _check_tasks(cfg, where)
+    _check_model(cfg, where)
     _require(len(d.tasks) > 0, where, "data.tasks", "at least one task", d.tasks)
-    _require(e.seed != cfg.run.seed, where, "eval.seed",
-             "a seed other than run.seed (evaluation goals must differ from training goals)", e.seed)
+    _require(e.seed != d.seed, where, "eval.seed",
+             "a seed other than data.seed (evaluation goals must differ from training goals)", e.seed)
     if d.source == "lerobot" and not (Path(d.path) / "meta" / "info.json").is_file():
         raise ConfigError(f"{where}: data.path: no LeRobot dataset at '{d.path}' "
                           f"(expected {Path(d.path) / 'meta' / 'info.json'})")
     return cfg
+
+
+def _check_tasks(cfg: Config, where: str) -> None:
+    if cfg.data.source != "metaworld":
+        return
+    from lf_data import METAWORLD_INSTRUCTIONS  # light: no simulator or torch import
+
+    unknown = [t for t in cfg.data.tasks if t not in METAWORLD_INSTRUCTIONS]
+    if unknown:
+        near = [k for k in METAWORLD_INSTRUCTIONS if k.split("-")[0] == unknown[0].split("-")[0]]
+        hint = f"; did you mean {near[0]!r}?" if near else " (`lf data metaworld --help` lists them)"
+        raise ConfigError(f"{where}: data.tasks: unknown Meta-World task {unknown[0]!r}{hint}")
+
+
+def _check_model(cfg: Config, where: str) -> None:
+    """Build the recipe config (no torch) so bad sizes and overrides fail before any work."""
+    import msgspec as _msgspec
+
+    from lf_ir.recipes.vla import SIZES, VLAConfig
+
+    m = cfg.model
+    if m.size not in SIZES:
+        raise ConfigError(f"{where}: model.size: expected one of {sorted(SIZES)}, got {m.size!r}")
+    fields = set(VLAConfig.__struct_fields__)
+    bad = sorted(set(m.overrides) - fields)
+    if bad:
+        raise ConfigError(f"{where}: model.overrides: unknown field {bad[0]!r}; "
+                          f"fields: {sorted(fields)}")
+    try:
+        from lf_ir.recipes.vla import build_graph
+
+        build_graph(VLAConfig(**{**SIZES[m.size], **m.overrides}))
+    except (ValueError, TypeError, _msgspec.ValidationError) as err:
+        raise ConfigError(f"{where}: model: {err}") from None
+
+
+RESUME_KEYS = ("train.steps", "train.log_every", "train.ckpt_every", "train.keep_checkpoints",
+               "run.device", "run.threads", "eval.")
+"""Keys ``--set`` may change on ``--resume``; the rest are fixed by the checkpoint."""
+
+
+def check_resume_overrides(overrides: list[str] | None) -> None:
+    """ConfigError naming the first override that a resumed run cannot take."""
+    for item in overrides or []:
+        key = item.partition("=")[0].strip()
+        if not any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUME_KEYS):
+            raise ConfigError(f"--resume: --set {key} cannot change on resume (the checkpoint fixes "
+                              f"it); allowed: {', '.join(RESUME_KEYS)}*")
 
 
 def to_toml(cfg: Config) -> str:

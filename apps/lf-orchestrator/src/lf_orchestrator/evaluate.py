@@ -138,9 +138,9 @@ def _random_baseline(tasks: list[str], action_dim: int, horizon: int, kw: dict[s
 
 
 def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = None,
-                 tasks: Sequence[str] | None = None, random_baseline: bool | None = None
-                 ) -> dict[str, Any]:
-    """Closed-loop success per task for a run (and the random baseline); writes eval.json.
+                 tasks: Sequence[str] | None = None, random_baseline: bool | None = None,
+                 out_name: str = "eval.json") -> dict[str, Any]:
+    """Closed-loop success per task for a run (and the random baseline); writes ``out_name``.
 
     The random baseline runs in a second process while the VLA is evaluated here, so a
     two-core machine evaluates both in the time of one.
@@ -150,6 +150,11 @@ def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = 
     e = cfg.eval
     episodes = episodes or e.episodes
     tasks = list(tasks or cfg.data.tasks)
+    from lf_data import METAWORLD_INSTRUCTIONS
+
+    unknown = [t for t in tasks if t not in METAWORLD_INSTRUCTIONS]
+    if unknown:
+        raise ValueError(f"--tasks: unknown Meta-World task {unknown[0]!r}")
     policy = VLAPolicy.from_run(run_dir, device, cfg)
     baseline = e.random_baseline if random_baseline is None else random_baseline
     kw = dict(episodes=episodes, seed=e.seed, max_steps=e.max_steps,
@@ -170,5 +175,5 @@ def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = 
     report = {"run_dir": str(run_dir), "checkpoint": str(latest_checkpoint(run_dir)),
               "eval_seed": e.seed, "max_steps": e.max_steps, "seconds": time.perf_counter() - t0,
               "tasks": rows}
-    write_text_atomic(run_dir / "eval.json", json.dumps(report, indent=1))
+    write_text_atomic(run_dir / out_name, json.dumps(report, indent=1))
     return report

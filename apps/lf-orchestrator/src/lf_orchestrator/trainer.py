@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lf_data import LeRobotDataset, ResumableSampler, generate_metaworld
-from lf_memory import apply_activation_checkpointing, resolve_precision
+from lf_memory import apply_recompute, resolve_precision
 from lf_orchestrator import assembly
 from lf_orchestrator.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from lf_orchestrator.config import Config
@@ -36,7 +36,7 @@ def prepare_dataset(cfg: Config, ctx: DistContext,
     d = cfg.data
     if d.source == "metaworld" and ctx.is_main:
         generate_metaworld(d.path, tasks=d.tasks, episodes_per_task=d.episodes_per_task,
-                           image_size=d.image_size, max_steps=d.max_steps, seed=cfg.run.seed,
+                           image_size=d.image_size, max_steps=d.max_steps, seed=d.seed,
                            workers=d.workers, progress=progress)
     if ctx.distributed:
         torch.distributed.barrier()
@@ -80,6 +80,9 @@ class Trainer:
         torch.manual_seed(cfg.run.seed)
         self.dataset = prepare_dataset(cfg, ctx, data_progress)
         ckpt = latest_checkpoint(self.run_dir) if resume else None
+        if resume and ckpt is None:
+            raise FileNotFoundError(f"--resume {self.run_dir}: no complete checkpoint to resume from "
+                                    f"under {self.run_dir / 'checkpoints'}")
         if resume:
             self.encoder = assembly.load_encoder(cfg, self.run_dir)
         else:
@@ -90,8 +93,8 @@ class Trainer:
         self.model = assembly.build_model(vla_cfg, ctx.device, cfg.run.seed)
         if ctx.is_main:
             assembly.save_model_spec(self.model, self.run_dir)
-        self.recomputed = apply_activation_checkpointing(
-            nn.ModuleList(self.model.blocks), cfg.memory.recompute == "full")
+        self.recomputed = apply_recompute(nn.ModuleList(self.model.blocks), cfg.memory.recompute,
+                                          every=cfg.memory.recompute_every)
         self.precision = resolve_precision(cfg.memory.precision, ctx.device)
         self.plan = make_plan(cfg, ctx)
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg)
