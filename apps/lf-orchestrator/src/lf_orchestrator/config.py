@@ -263,14 +263,14 @@ def check_config(cfg: Config, where: str = "config") -> Config:
              where, "run.name", "a non-empty folder name without '/' that does not start with '-'", name)
     _require(d.action_horizon <= d.max_steps, where, "data.action_horizon",
              f"at most data.max_steps ({d.max_steps})", d.action_horizon)
-    _check_tasks(cfg, where)
-    _check_model(cfg, where)
-    _require(len(d.tasks) > 0, where, "data.tasks", "at least one task", d.tasks)
-    _require(e.seed != d.seed, where, "eval.seed",
-             "a seed other than data.seed (evaluation goals must differ from training goals)", e.seed)
     if d.source == "lerobot" and not (Path(d.path) / "meta" / "info.json").is_file():
         raise ConfigError(f"{where}: data.path: no LeRobot dataset at '{d.path}' "
                           f"(expected {Path(d.path) / 'meta' / 'info.json'})")
+    _require(len(d.tasks) > 0, where, "data.tasks", "at least one task", d.tasks)
+    _require(e.seed != d.seed, where, "eval.seed",
+             "a seed other than data.seed (evaluation goals must differ from training goals)", e.seed)
+    _check_tasks(cfg, where)
+    _check_model(cfg, where)  # last: the only check that imports torch
     return cfg
 
 
@@ -282,7 +282,8 @@ def _check_tasks(cfg: Config, where: str) -> None:
     unknown = [t for t in cfg.data.tasks if t not in METAWORLD_INSTRUCTIONS]
     if unknown:
         near = [k for k in METAWORLD_INSTRUCTIONS if k.split("-")[0] == unknown[0].split("-")[0]]
-        hint = f"; did you mean {near[0]!r}?" if near else " (`lf data metaworld --help` lists them)"
+        hint = (f"; did you mean {near[0]!r}?" if near
+                else "; expected a Meta-World v3 task name such as 'reach-v3' or 'push-v3'")
         raise ConfigError(f"{where}: data.tasks: unknown Meta-World task {unknown[0]!r}{hint}")
 
 
