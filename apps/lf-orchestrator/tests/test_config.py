@@ -81,7 +81,7 @@ def test_cli_process_reports_bad_key_in_one_line(tmp_path):
 
 def test_version_and_schema():
     out = runner.invoke(app, ["--version"])
-    assert out.exit_code == 0 and out.output.strip() == "lf 0.1.0"
+    assert out.exit_code == 0 and out.output.strip() == "lf 0.2.0"
     schema = runner.invoke(app, ["config", "schema"])
     assert schema.exit_code == 0 and '"TrainSection"' in schema.output
 
