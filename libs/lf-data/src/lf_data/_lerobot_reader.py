@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 
 from . import _lerobot_format as fmt
+from ._windows import action_window, check_index
 
 __all__ = ["LeRobotDataset", "DEFAULT_PRELOAD_MAX_BYTES"]
 
@@ -191,18 +192,15 @@ class LeRobotDataset(torch.utils.data.Dataset):
         return _decode(self._png[int(self._rows[i])].as_py())
 
     def __getitem__(self, i: int) -> dict:
-        n = len(self._rows)
-        if not -n <= i < n:
-            raise IndexError(f"LeRobotDataset index {i} out of range for {n} frames")
-        i = int(i) % n
+        i = check_index(i, len(self._rows), "LeRobotDataset")
         r, stop = int(self._rows[i]), int(self._stops[i])
-        want = r + np.arange(self.action_horizon)
+        rows, is_pad = action_window(r, stop, self.action_horizon)
         task_index = int(self._task[r])
         return {
             "image": torch.from_numpy(np.array(self.image(i))),
             "state": torch.from_numpy(self._state[r].copy()),
-            "actions": torch.from_numpy(self._action[np.minimum(want, stop - 1)]),
-            "action_is_pad": torch.from_numpy(want >= stop),
+            "actions": torch.from_numpy(self._action[rows]),
+            "action_is_pad": torch.from_numpy(is_pad),
             "task": self.tasks[task_index],
             "task_index": task_index,
             "episode_index": int(self._episode[r]),

@@ -25,6 +25,7 @@ from PIL import Image
 
 from ._errors import DataError, ErrorPolicy, is_lfs_pointer
 from ._safe_pickle import safe_load
+from ._windows import action_window, check_index, locate
 
 __all__ = ["RLBenchDataset", "DEPTH_SCALE", "decode_depth", "decode_mask"]
 
@@ -235,20 +236,16 @@ class RLBenchDataset(torch.utils.data.Dataset):
                             episode=str(ep["dir"]), field=folder, reason="invalid") from e
 
     def __getitem__(self, i: int) -> dict:
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"RLBenchDataset index {i} out of range for {n} frames")
-        i = int(i) % n
-        e = int(np.searchsorted(self._starts, i, side="right")) - 1
-        ep, t = self._episodes[e], i - int(self._starts[e])
-        frames = len(ep["state"]) - 1
-        want = t + np.arange(self.action_horizon)
+        i = check_index(i, len(self), "RLBenchDataset")
+        e, t = locate(self._starts, i)
+        ep = self._episodes[e]
+        rows, is_pad = action_window(t, len(ep["state"]) - 1, self.action_horizon)
         rgb = {c: torch.from_numpy(self._png(ep, f"{c}_rgb", t).copy()) for c in self.cameras}
         item = {
             "image": rgb[self.cameras[0]],
             "state": torch.from_numpy(ep["state"][t].copy()),
-            "actions": torch.from_numpy(ep["target"][np.minimum(want, frames - 1) + 1]),
-            "action_is_pad": torch.from_numpy(want >= frames),
+            "actions": torch.from_numpy(ep["target"][rows + 1]),
+            "action_is_pad": torch.from_numpy(is_pad),
             "task": self.tasks[ep["task_index"]],
             "task_index": ep["task_index"],
             "episode_index": ep["index"],

@@ -24,6 +24,7 @@ from ._rlds_spec import decode_steps, flatten_features, load_json, shard_paths
 from ._stats import compute_stats
 from ._tf_example import WireError, parse_example
 from ._tfrecord import iter_tfrecord, read_record_at
+from ._windows import action_window, check_index, locate
 
 __all__ = ["RLDSDataset", "EEF_ACTION_KEYS", "GRIPPER_KEYS", "INSTRUCTION_KEYS"]
 
@@ -262,25 +263,20 @@ class RLDSDataset(torch.utils.data.Dataset):
 
     def image(self, i: int) -> np.ndarray:
         """uint8 ``(H, W, 3)`` image of frame ``i``, decoded with Pillow (JPEG or PNG)."""
-        e = int(np.searchsorted(self._starts, i, side="right")) - 1
-        ep = self._episodes[e]
-        return np.asarray(Image.open(io.BytesIO(self._images(ep)[i - int(self._starts[e])])).convert("RGB"))
+        e, t = locate(self._starts, i)
+        return np.asarray(Image.open(io.BytesIO(self._images(self._episodes[e])[t])).convert("RGB"))
 
     def __getitem__(self, i: int) -> dict:
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"RLDSDataset index {i} out of range for {n} frames")
-        i = int(i) % n
-        e = int(np.searchsorted(self._starts, i, side="right")) - 1
-        ep, t = self._episodes[e], i - int(self._starts[e])
-        steps = len(ep["actions"])
-        want = t + np.arange(self.action_horizon)
+        i = check_index(i, len(self), "RLDSDataset")
+        e, t = locate(self._starts, i)
+        ep = self._episodes[e]
+        rows, is_pad = action_window(t, len(ep["actions"]), self.action_horizon)
         task_index = ep["task_index"]
         return {
             "image": torch.from_numpy(self.image(i).copy()),
             "state": torch.from_numpy(ep["state"][t].copy()),
-            "actions": torch.from_numpy(ep["actions"][np.minimum(want, steps - 1)]),
-            "action_is_pad": torch.from_numpy(want >= steps),
+            "actions": torch.from_numpy(ep["actions"][rows]),
+            "action_is_pad": torch.from_numpy(is_pad),
             "task": self.tasks[task_index],
             "task_index": task_index,
             "episode_index": ep["episode"],
