@@ -5,6 +5,7 @@ typed nodes with shapes, parameter counts and FLOPs. Recipes build graphs;
 :func:`lower_node` / :class:`ComponentModule` turn them into torch modules.
 """
 
+from lf_ir._base import SeqSplit, TPStyle
 from lf_ir._cost import node_backward_flops, node_forward_flops, node_params
 from lf_ir._graph import (
                           Component,
@@ -25,6 +26,7 @@ from lf_ir._lower import (
                           lf_modules,
                           lower_node,
                           materialize,
+                          register_lowering,
 )
 from lf_ir._nodes import (
                           MLP,
@@ -48,10 +50,11 @@ from lf_ir.recipes.vla import VLAConfig, VLAModel, vla_config
 __version__ = "0.2.0"
 
 __all__ = [
-    "MLP", "RECIPES", "Attention", "Component", "ComponentModule", "Edge", "Embedding", "Graph",
-    "IRError", "LMHead", "LMHeadModule", "LearnedPositional", "Linear", "Llama3Config", "Llama3Model", "Node",
-    "Norm", "PatchEmbed2D", "RoPE", "TransformerBlock", "TransformerBlockModule", "VLAConfig", "VLAModel",
-    "apply_rope", "forward_flops", "from_json", "init_weights", "lf_modules", "llama3_config", "lower_node",
-    "materialize", "next_token_loss", "node_backward_flops", "node_forward_flops", "node_params",
-    "param_count", "rope_cos_sin", "rope_inv_freq", "summary_rows", "to_json", "validate", "vla_config",
+    "Attention", "Component", "ComponentModule", "Edge", "Embedding", "Graph", "IRError", "LMHead",
+    "LMHeadModule", "LearnedPositional", "Linear", "Llama3Config", "Llama3Model", "MLP", "Node", "Norm",
+    "PatchEmbed2D", "RECIPES", "RoPE", "SeqSplit", "TPStyle", "TransformerBlock", "TransformerBlockModule",
+    "VLAConfig", "VLAModel", "apply_rope", "forward_flops", "from_json", "init_weights", "lf_modules",
+    "llama3_config", "lower_node", "materialize", "next_token_loss", "node_backward_flops",
+    "node_forward_flops", "node_params", "param_count", "register_lowering", "rope_cos_sin", "rope_inv_freq",
+    "summary_rows", "to_json", "validate", "vla_config",
 ]

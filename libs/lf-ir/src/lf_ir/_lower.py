@@ -14,7 +14,8 @@ Legend: ``x_bsd`` is (batch, seq, dim); ``q_bhsd`` is (batch, heads, seq, head_d
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -150,35 +151,49 @@ class LMHeadModule(nn.Module):
         return nn.functional.linear(x_bsd, weight)
 
 
+_LOWERINGS: dict[type, Callable[[Any], nn.Module]] = {}
+
+
+def register_lowering(node_type: type) -> Callable[[Callable[[Any], nn.Module]], Callable[[Any], nn.Module]]:
+    """Decorator: ``build(node) -> nn.Module`` becomes the lowering rule for ``node_type``.
+
+    Node families outside this module (vision, video, action heads) register their
+    own rules, so :func:`lower_node` never needs to know them.
+
+    Raises:
+        ValueError: if ``node_type`` already has a rule.
+    """
+    def decorator(build: Callable[[Any], nn.Module]) -> Callable[[Any], nn.Module]:
+        if node_type in _LOWERINGS:
+            raise ValueError(f"{node_type.__name__} already has a lowering rule")
+        _LOWERINGS[node_type] = build
+        return build
+    return decorator
+
+
 def lower_node(node: _Node) -> nn.Module:
-    """Build the module for one node (on the current default device) and tag it.
+    """Build the module for one node (on the current default device) and tag it ``lf_node``.
 
     Raises:
         TypeError: for a node type without a lowering rule.
     """
-    if isinstance(node, Embedding):
-        module: nn.Module = nn.Embedding(node.num_embeddings, node.dim)
-    elif isinstance(node, Linear):
-        module = nn.Linear(node.in_features, node.out_features, bias=node.bias)
-    elif isinstance(node, PatchEmbed2D):
-        module = PatchEmbedModule(node)
-    elif isinstance(node, LearnedPositional):
-        module = LearnedPositionalModule(node)
-    elif isinstance(node, Norm):
-        cls = nn.LayerNorm if node.kind == "layer" else nn.RMSNorm
-        module = cls(node.dim, eps=node.eps)
-    elif isinstance(node, Attention):
-        module = AttentionModule(node)
-    elif isinstance(node, MLP):
-        module = MLPModule(node)
-    elif isinstance(node, TransformerBlock):
-        module = TransformerBlockModule(node)
-    elif isinstance(node, LMHead):
-        module = LMHeadModule(node)
-    else:
+    build = next((_LOWERINGS[t] for t in type(node).__mro__ if t in _LOWERINGS), None)
+    if build is None:
         raise TypeError(f"node {node.name!r}: no lowering for {type(node).__name__}")
+    module = build(node)
     module.lf_node = node
     return module
+
+
+register_lowering(Embedding)(lambda node: nn.Embedding(node.num_embeddings, node.dim))
+register_lowering(Linear)(lambda node: nn.Linear(node.in_features, node.out_features, bias=node.bias))
+register_lowering(PatchEmbed2D)(PatchEmbedModule)
+register_lowering(LearnedPositional)(LearnedPositionalModule)
+register_lowering(Norm)(lambda node: (nn.LayerNorm if node.kind == "layer" else nn.RMSNorm)(node.dim, eps=node.eps))
+register_lowering(Attention)(AttentionModule)
+register_lowering(MLP)(MLPModule)
+register_lowering(TransformerBlock)(TransformerBlockModule)
+register_lowering(LMHead)(LMHeadModule)
 
 
 class ComponentModule(nn.Module):

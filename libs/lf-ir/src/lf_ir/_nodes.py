@@ -12,9 +12,9 @@ built, with an :class:`IRError` that names the node.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
-from lf_ir._base import IRError, TPStyle, _Node
+from lf_ir._base import IRError, SeqSplit, TPStyle, _Node
 from lf_ir._nodes_lm import LMHead
 from lf_ir._rope import RoPE
 
@@ -48,6 +48,12 @@ class Embedding(_Node, frozen=True, kw_only=True, tag="embedding"):
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         return {"weight": (self.num_embeddings, self.dim)}
 
+    def forward_flops(self, batch: int, seq: int) -> int:
+        return 0
+
+    def tp_dims(self) -> dict[str, int | None]:
+        return {"weight": 0 if self.tp == "row" else None}
+
 
 class Linear(_Node, frozen=True, kw_only=True, tag="linear"):
     """Affine map on the last dim: (..., in_features) -> (..., out_features)."""
@@ -77,6 +83,16 @@ class Linear(_Node, frozen=True, kw_only=True, tag="linear"):
         if self.bias:
             shapes["bias"] = (self.out_features,)
         return shapes
+
+    def tp_dims(self) -> dict[str, int | None]:
+        split = {"column": 0, "row": 1, "replicate": None}[self.tp]
+        dims: dict[str, int | None] = {"weight": split}
+        if self.bias:
+            dims["bias"] = 0 if self.tp == "column" else None
+        return dims
+
+    def forward_flops(self, batch: int, seq: int) -> int:
+        return 2 * batch * seq * self.in_features * self.out_features
 
 
 class PatchEmbed2D(_Node, frozen=True, kw_only=True, tag="patch_embed_2d"):
@@ -116,6 +132,11 @@ class PatchEmbed2D(_Node, frozen=True, kw_only=True, tag="patch_embed_2d"):
         p = self.patch_size
         return {"weight": (self.dim, self.in_channels, p, p), "bias": (self.dim,)}
 
+    seq_split: ClassVar[SeqSplit] = "none"
+
+    def forward_flops(self, batch: int, seq: int) -> int:
+        return 2 * batch * self.num_patches * self.in_channels * self.patch_size ** 2 * self.dim
+
 
 class LearnedPositional(_Node, frozen=True, kw_only=True, tag="learned_positional"):
     """Learned absolute position embedding added to (batch, seq<=length, dim)."""
@@ -138,6 +159,9 @@ class LearnedPositional(_Node, frozen=True, kw_only=True, tag="learned_positiona
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         return {"weight": (self.length, self.dim)}
+
+    def forward_flops(self, batch: int, seq: int) -> int:
+        return 0
 
 
 class Norm(_Node, frozen=True, kw_only=True, tag="norm"):
@@ -168,6 +192,9 @@ class Norm(_Node, frozen=True, kw_only=True, tag="norm"):
         if self.kind == "layer":
             shapes["bias"] = (self.dim,)
         return shapes
+
+    def forward_flops(self, batch: int, seq: int) -> int:
+        return 0
 
 
 class Attention(_Node, frozen=True, kw_only=True, tag="attention"):
@@ -223,6 +250,19 @@ class Attention(_Node, frozen=True, kw_only=True, tag="attention"):
             shapes.update({"q.bias": (self.dim,), "k.bias": (kv,), "v.bias": (kv,), "o.bias": (self.dim,)})
         return shapes
 
+    seq_split: ClassVar[SeqSplit] = "context"
+
+    def tp_dims(self) -> dict[str, int | None]:
+        dims: dict[str, int | None] = {"q.weight": 0, "k.weight": 0, "v.weight": 0, "o.weight": 1}
+        if self.bias:
+            dims.update({"q.bias": 0, "k.bias": 0, "v.bias": 0, "o.bias": None})
+        return dims
+
+    def forward_flops(self, batch: int, seq: int) -> int:
+        kv = self.kv_heads * self.head_dim
+        proj = 2 * batch * seq * self.dim * (2 * self.dim + 2 * kv)
+        return proj + 4 * batch * seq * seq * self.dim
+
 
 class MLP(_Node, frozen=True, kw_only=True, tag="mlp"):
     """Feed-forward block: GELU MLP or SwiGLU (Shazeer 2020, arXiv 2002.05202)."""
@@ -259,6 +299,14 @@ class MLP(_Node, frozen=True, kw_only=True, tag="mlp"):
                 shapes[f"{n}.bias"] = (shape[0],)
         return shapes
 
+    def tp_dims(self) -> dict[str, int | None]:
+        return {key: (1 if key == "down.weight" else None if key == "down.bias" else 0)
+                for key in self.param_shapes()}
+
+    def forward_flops(self, batch: int, seq: int) -> int:
+        mats = 3 if self.activation == "swiglu" else 2
+        return 2 * batch * seq * self.dim * self.hidden * mats
+
 
 class TransformerBlock(_Node, frozen=True, kw_only=True, tag="transformer_block"):
     """Pre-norm residual block: x + attn(norm1(x)), then x + mlp(norm2(x))."""
@@ -293,6 +341,17 @@ class TransformerBlock(_Node, frozen=True, kw_only=True, tag="transformer_block"
         for key, child in zip(("attn_norm", "attention", "mlp_norm", "mlp"), self.children(), strict=True):
             shapes.update({f"{key}.{k}": v for k, v in child.param_shapes().items()})
         return shapes
+
+    seq_split: ClassVar[SeqSplit] = "context"
+
+    def tp_dims(self) -> dict[str, int | None]:
+        dims: dict[str, int | None] = {}
+        for key, child in zip(("attn_norm", "attention", "mlp_norm", "mlp"), self.children(), strict=True):
+            dims.update({f"{key}.{k}": v for k, v in child.tp_dims().items()})
+        return dims
+
+    def forward_flops(self, batch: int, seq: int) -> int:
+        return sum(c.forward_flops(batch, seq) for c in self.children())
 
 
 Node = (Embedding | Linear | PatchEmbed2D | LearnedPositional | Norm | Attention | MLP | TransformerBlock

@@ -45,3 +45,9 @@ class LMHead(_Node, frozen=True, kw_only=True, tag="lm_head"):
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         return {} if self.tied_to is not None else {"weight": self.weight_shape()}
+
+    def tp_dims(self) -> dict[str, int | None]:
+        return {} if self.tied_to is not None else {"weight": 0 if self.tp == "column" else None}
+
+    def forward_flops(self, batch: int, seq: int) -> int:
+        return 2 * batch * seq * self.dim * self.vocab_size
