@@ -29,6 +29,48 @@ def test_openvla_token_ids_reproduced_below_the_upper_bound():
     assert vocab.vocab_size == 32000  # nothing appended
 
 
+def _openvla_reference(x, vocab_size=32000, n_bins=256):
+    """OpenVLA's ActionTokenizer restated: encode and decode (prismatic/vla/action_tokenizer.py)."""
+    bins = np.linspace(-1, 1, n_bins)
+    centers = (bins[:-1] + bins[1:]) / 2.0
+    ids = vocab_size - np.digitize(np.clip(x, -1, 1), bins)
+    decoded = centers[np.clip(vocab_size - ids - 1, 0, centers.shape[0] - 1)]
+    return ids, decoded
+
+
+@pytest.mark.parametrize("n_bins", [256, 3, 17])
+def test_openvla_layout_reproduces_ids_and_decoding_exactly(tmp_path, n_bins):
+    """layout="openvla" + ActionVocab(32000, n, start=32000 - n, descending) == OpenVLA for every value,
+    +1 (id 32000 - n) and out-of-range values included; decoding equals OpenVLA's bin centres (to
+    float64 rounding of the unnormalize map); the
+    layout survives save/load (format version 3)."""
+    rng = np.random.default_rng(1)
+    x = np.concatenate([rng.uniform(-1.2, 1.2, size=5000), np.linspace(-1, 1, 2001), [-1.0, 1.0, 0.0, 3.0]])
+    ref_ids, ref_decoded = _openvla_reference(x, n_bins=n_bins)
+    tok = BinningTokenizer(low=[-1.0], high=[1.0], n_bins=n_bins, layout="openvla")
+    vocab = ActionVocab(32000, n_bins, start=32000 - n_bins, descending=True)
+    ids = vocab.to_token_ids(tok.encode(x[:, None]))
+    np.testing.assert_array_equal(ids[:, 0], ref_ids)
+    assert (ref_ids == 32000 - n_bins).any()  # the +1 id is exercised
+    # decoded centres pass through the [low, high] -> [-1, 1] inverse map: equal up to float64 rounding
+    np.testing.assert_allclose(tok.decode(vocab.to_bins(ids))[:, 0], ref_decoded, rtol=0, atol=1e-15)
+    path = tmp_path / "openvla.json"
+    tok.save(path)
+    back = BinningTokenizer.load(path)
+    assert back == tok and back.layout == "openvla"
+    np.testing.assert_array_equal(back.encode(x[:, None]), tok.encode(x[:, None]))
+
+
+def test_openvla_layout_rejects_quantile_edges_and_tiny_bins():
+    with pytest.raises(ValueError, match="layout='openvla' needs uniform bins"):
+        BinningTokenizer.from_actions(np.random.default_rng(0).normal(size=(50, 1)), n_bins=8,
+                                      binning="quantile", layout="openvla")
+    with pytest.raises(ValueError, match="n_bins >= 3"):
+        BinningTokenizer([0.0], [1.0], n_bins=2, layout="openvla")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        BinningTokenizer([0.0], [1.0], n_bins=8, layout="edges")
+
+
 def test_reserved_range_mapping_and_errors():
     v = ActionVocab(100, 4, start=10)
     np.testing.assert_array_equal(v.to_token_ids([0, 1, 2, 3]), [10, 11, 12, 13])

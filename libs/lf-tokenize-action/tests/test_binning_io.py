@@ -64,11 +64,11 @@ def test_failed_save_keeps_old_file_and_leaves_no_temp(tmp_path, monkeypatch):
 
 
 def test_load_refuses_other_version_and_format(tmp_path):
-    """version 3 (unknown) / another format -> ValueError naming the file, the field and the expected values."""
+    """version 4 (unknown) / another format -> ValueError naming the file, the field and the expected values."""
     d = _tok().to_dict()
     path = tmp_path / "future.json"
-    path.write_text(json.dumps({**d, "version": 3}))
-    with pytest.raises(ValueError, match=r"future\.json: field 'version' must be 1 or 2; got 3"):
+    path.write_text(json.dumps({**d, "version": 4}))
+    with pytest.raises(ValueError, match=r"future\.json: field 'version' must be 1 or 2 or 3; got 4"):
         BinningTokenizer.load(path)
     path.write_text(json.dumps({**d, "format": "other"}))
     with pytest.raises(ValueError, match=r"future\.json: field 'format' must be 'lf-tokenize-action/binning'"):

@@ -1,8 +1,10 @@
 """Array plumbing shared by the tokenizers: torch <-> numpy, finiteness and integer checks.
 
-torch is optional. It is never imported here: a value is a torch tensor only if
-``torch`` is already in ``sys.modules`` (the caller built the tensor, so it is)
-and the value is an instance of ``torch.Tensor``.
+torch and cupy are optional. Neither is imported here: a value is a torch tensor
+(cupy array) only if ``torch`` (``cupy``) is already in ``sys.modules`` (the caller
+built the value, so it is) and the value is an instance of ``torch.Tensor``
+(``cupy.ndarray``). Results go back to the caller's kind of array: a torch tensor
+on the input's device, or a cupy array on the current cupy device.
 """
 
 from __future__ import annotations
@@ -19,12 +21,25 @@ def is_torch_tensor(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+CUPY = "cupy"
+"""The ``device`` marker :func:`to_numpy` returns for a cupy input."""
+
+
+def is_cupy(x: Any) -> bool:
+    """True when ``x`` is a ``cupy.ndarray`` (without importing cupy)."""
+    cupy = sys.modules.get("cupy")
+    return cupy is not None and isinstance(x, cupy.ndarray)
+
+
 def to_numpy(x: Any, *, name: str) -> tuple[np.ndarray, Any]:
     """Convert ``x`` to a numpy array; return ``(array, device)``.
 
-    ``device`` is the torch device when ``x`` was a torch tensor, else ``None``.
-    Floating torch tensors (bf16 and half included) are widened to float64.
+    ``device`` is the torch device when ``x`` was a torch tensor, :data:`CUPY` for a
+    cupy array (copied to the host), else ``None``. Floating torch tensors (bf16 and
+    half included) are widened to float64.
     """
+    if is_cupy(x):
+        return x.get(), CUPY
     if is_torch_tensor(x):
         t = x.detach().cpu()
         if t.is_floating_point():
@@ -37,9 +52,11 @@ def to_numpy(x: Any, *, name: str) -> tuple[np.ndarray, Any]:
 
 
 def from_numpy(arr: np.ndarray, device: Any) -> Any:
-    """Return ``arr`` unchanged when ``device`` is None, else a torch tensor on ``device``."""
+    """``arr`` unchanged when ``device`` is None, a cupy array for :data:`CUPY`, else a torch tensor on ``device``."""
     if device is None:
         return arr
+    if device == CUPY:
+        return sys.modules["cupy"].asarray(arr)
     torch = sys.modules["torch"]
     return torch.from_numpy(np.ascontiguousarray(arr)).to(device)
 

@@ -6,8 +6,9 @@ into exactly ``n_bins`` bins. Uniform bins (default) have width ``w = 2 / n_bins
 bin ``i`` covers ``[-1 + i*w, -1 + (i+1)*w)`` and ``+1`` goes to bin ``n_bins - 1``.
 Quantile bins put the edges at per-dimension quantiles of the fitting data
 (``_quantile.py``). Decoding returns bin centres. OpenVLA's own code uses
-``n_bins`` *edges* instead, which leaves ``n_bins - 1`` effective bins; the README
-compares the two layouts.
+``n_bins`` *edges* instead, which leaves ``n_bins - 1`` intervals plus one token
+value for exactly +1; ``layout="openvla"`` reproduces that layout bit for bit
+(the README compares the two).
 
 Shapes: ``D`` = action_dim; ``...`` = any leading dims (batch, time).
 """
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ._arrays import as_float_array, as_int_array, from_numpy
-from ._binning_io import BINNINGS, binning_kwargs_from_dict, binning_to_dict
+from ._binning_io import BINNINGS, LAYOUTS, binning_kwargs_from_dict, binning_to_dict
 from ._bounds import DEFAULT_STD_K, bounds_from_actions, bounds_from_stats, normalize_unclipped, unnormalize, vector
 from ._io import read_json, write_json_atomic
 from ._quantile import check_edges, digitize, quantile_edges
@@ -41,10 +42,16 @@ class BinningTokenizer:
         edges: optional float ``(D, n_bins + 1)`` bin edges in normalized units,
             strictly increasing from -1 to +1 per dimension (quantile binning, see
             ``from_actions``); ``None`` (default) means uniform bins.
+        layout: ``"exact"`` (default): exactly ``n_bins`` equal bins. ``"openvla"``:
+            OpenVLA's ``ActionTokenizer`` layout (uniform only): ``n_bins`` *edges*
+            ``linspace(-1, 1, n_bins)``, token value ``np.digitize(x, edges) - 1``
+            in ``[0, n_bins)``, where value ``n_bins - 1`` is taken only by x = +1
+            and decodes like ``n_bins - 2`` (OpenVLA folds it the same way).
 
     Raises:
         ValueError: shapes differ or are not 1-D, ``low > high`` anywhere,
-            non-finite bounds, ``n_bins < 2``, or bad ``edges``; the message names the field and value.
+            non-finite bounds, ``n_bins < 2`` (``< 3`` for ``layout="openvla"``), bad ``edges``,
+            an unknown ``layout`` or ``edges`` with ``layout="openvla"``; the message names the field and value.
 
     Example:
         >>> tok = BinningTokenizer([0.0, -2.0], [1.0, 2.0], n_bins=4)
@@ -55,10 +62,17 @@ class BinningTokenizer:
     """
 
     def __init__(
-        self, low: Any, high: Any, *, n_bins: int = 256, normalize_mask: Any = None, edges: Any = None
+        self, low: Any, high: Any, *, n_bins: int = 256, normalize_mask: Any = None, edges: Any = None,
+        layout: str = "exact",
     ) -> None:
         if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 2:
             raise ValueError(f"n_bins must be an int >= 2; got {n_bins!r}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {list(LAYOUTS)}; got {layout!r}")
+        if layout == "openvla" and (edges is not None or n_bins < 3):
+            raise ValueError(f"layout='openvla' needs uniform bins (edges=None) and n_bins >= 3; got "
+                             f"edges={'given' if edges is not None else None}, n_bins={n_bins}")
+        self.layout: str = layout
         low_, high_ = vector(low, "low"), vector(high, "high")
         if low_.shape != high_.shape:
             raise ValueError(f"low and high must have the same shape; got {low_.shape} and {high_.shape}")
@@ -80,12 +94,14 @@ class BinningTokenizer:
         self.low: np.ndarray = low_
         self.high: np.ndarray = high_
         self.normalize_mask: np.ndarray = mask.copy()
-        self._uniform_edges = np.linspace(-1.0, 1.0, self.n_bins + 1)
+        self._uniform_edges = np.linspace(-1.0, 1.0, self.n_bins + (layout == "exact"))
         self._edges: np.ndarray | None = (
             None if edges is None else check_edges(edges, n_bins=self.n_bins, action_dim=int(low_.shape[0]))
         )
         e = self._edges_2d()
         self._centers = (e[:, :-1] + e[:, 1:]) / 2.0  # (D, n_bins)
+        if layout == "openvla":  # the value for x = +1 decodes to the last interval's centre
+            self._centers = np.concatenate([self._centers, self._centers[:, -1:]], axis=1)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -99,6 +115,7 @@ class BinningTokenizer:
         std_k: float = DEFAULT_STD_K,
         binning: str = "uniform",
         actions: Any = None,
+        layout: str = "exact",
     ) -> BinningTokenizer:
         """Build from a LeRobot ``meta/stats.json`` action entry (keys mean, std, min, max, q01, q99).
 
@@ -108,6 +125,7 @@ class BinningTokenizer:
         of a normal distribution, comparable to the 98 % kept by q01/q99). Other keys
         are ignored. ``binning="quantile"`` also needs ``actions`` ``(N, D)``, the
         table whose quantiles become the bin edges (stats hold too few quantiles).
+        ``layout`` is passed to the constructor (``"openvla"``: OpenVLA's edges).
 
         Raises:
             ValueError: unknown ``bounds``/``binning``, a needed key missing (the message
@@ -121,7 +139,7 @@ class BinningTokenizer:
         """
         _check_binning(binning)
         low, high = bounds_from_stats(stats, bounds, std_k)
-        tok = cls(low, high, n_bins=n_bins, normalize_mask=normalize_mask)
+        tok = cls(low, high, n_bins=n_bins, normalize_mask=normalize_mask, layout=layout)
         if binning == "uniform":
             return tok
         if actions is None:
@@ -138,6 +156,7 @@ class BinningTokenizer:
         normalize_mask: Any = None,
         std_k: float = DEFAULT_STD_K,
         binning: str = "uniform",
+        layout: str = "exact",
     ) -> BinningTokenizer:
         """Build from a table of actions ``(N, D)`` float: bounds and (for quantile binning) edges.
 
@@ -161,7 +180,7 @@ class BinningTokenizer:
         if arr.ndim != 2 or arr.shape[0] == 0:
             raise ValueError(f"actions must have shape (N, D) with N >= 1; got shape {arr.shape}")
         low, high = bounds_from_actions(arr, bounds, std_k)
-        tok = cls(low, high, n_bins=n_bins, normalize_mask=normalize_mask)
+        tok = cls(low, high, n_bins=n_bins, normalize_mask=normalize_mask, layout=layout)
         return tok if binning == "uniform" else tok._with_quantile_edges(arr)
 
     def _with_quantile_edges(self, actions: Any) -> BinningTokenizer:
@@ -169,7 +188,8 @@ class BinningTokenizer:
         if arr.ndim != 2 or arr.shape[0] == 0:
             raise ValueError(f"actions must have shape (N, {self.action_dim}) with N >= 1; got shape {arr.shape}")
         edges = quantile_edges(self.normalize(arr), self.n_bins)
-        return type(self)(self.low, self.high, n_bins=self.n_bins, normalize_mask=self.normalize_mask, edges=edges)
+        return type(self)(self.low, self.high, n_bins=self.n_bins, normalize_mask=self.normalize_mask, edges=edges,
+                          layout=self.layout)
 
     # ------------------------------------------------------------------ layout
     @property
@@ -185,27 +205,33 @@ class BinningTokenizer:
     def _edges_2d(self) -> np.ndarray:
         if self._edges is not None:
             return self._edges
-        return np.broadcast_to(self._uniform_edges, (self.action_dim, self.n_bins + 1))
+        return np.broadcast_to(self._uniform_edges, (self.action_dim, self._uniform_edges.size))
 
     @property
     def bin_width(self) -> float:
-        """Uniform bin width in normalized units, ``2 / n_bins``.
+        """Uniform bin width in normalized units, ``2 / n_bins`` (``2 / (n_bins - 1)`` for ``layout="openvla"``).
 
         Raises:
             ValueError: quantile binning (widths differ; use ``bin_widths``).
         """
         if self._edges is not None:
             raise ValueError("bin_width is defined for binning='uniform' only; got 'quantile' (use bin_widths)")
-        return 2.0 / self.n_bins
+        return 2.0 / (self._uniform_edges.size - 1)
 
     @property
     def bin_widths(self) -> np.ndarray:
-        """Width of every bin in normalized units, float64 ``(D, n_bins)``."""
-        return np.diff(self._edges_2d(), axis=1)
+        """Width of every bin in normalized units, float64 ``(D, n_bins)`` (``layout="openvla"``: the last is 0)."""
+        widths = np.diff(self._edges_2d(), axis=1)
+        if self.layout == "openvla":
+            widths = np.concatenate([widths, np.zeros((self.action_dim, 1))], axis=1)
+        return widths
 
     @property
     def bin_edges(self) -> np.ndarray:
-        """Bin edges in normalized units, float64: ``(n_bins + 1,)`` when uniform, ``(D, n_bins + 1)`` when quantile."""
+        """Bin edges in normalized units, float64: ``(n_bins + 1,)`` when uniform, ``(D, n_bins + 1)`` when quantile.
+
+        ``layout="openvla"``: OpenVLA's ``n_bins`` edges ``linspace(-1, 1, n_bins)``.
+        """
         return (self._uniform_edges if self._edges is None else self._edges).copy()
 
     @property
@@ -263,7 +289,9 @@ class BinningTokenizer:
         arr, device = as_float_array(actions, name="actions", last_dim=self.action_dim)
         norm, clipped = self._normalize(arr)
         norm = np.clip(norm, -1.0, 1.0)
-        if self._edges is None:
+        if self.layout == "openvla":  # np.digitize(x, edges) - 1, exactly as OpenVLA
+            bins = np.searchsorted(self._uniform_edges, norm, side="right").astype(np.int64) - 1
+        elif self._edges is None:
             bins = np.searchsorted(self._uniform_edges[1:-1], norm, side="right").astype(np.int64)
         else:
             bins = digitize(norm, self._edges)
@@ -306,7 +334,7 @@ class BinningTokenizer:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, where: str = "dict") -> BinningTokenizer:
-        """Inverse of ``to_dict``; reads versions 1 and 2.
+        """Inverse of ``to_dict``; reads versions 1, 2 and 3.
 
         Raises:
             ValueError: another format or version, a missing field, or bad values (named).
@@ -319,7 +347,7 @@ class BinningTokenizer:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> BinningTokenizer:
-        """Read a file written by ``save`` (version 1 or 2).
+        """Read a file written by ``save`` (version 1, 2 or 3).
 
         Raises:
             ValueError: invalid JSON, other ``format``/``version``, or bad fields; the
@@ -330,6 +358,7 @@ class BinningTokenizer:
     def __repr__(self) -> str:
         return (
             f"BinningTokenizer(action_dim={self.action_dim}, n_bins={self.n_bins}, binning={self.binning!r}, "
+            f"layout={self.layout!r}, "
             f"normalized_dims={int(self.normalize_mask.sum())})"
         )
 
@@ -338,6 +367,7 @@ class BinningTokenizer:
             return NotImplemented
         return (
             self.n_bins == other.n_bins
+            and self.layout == other.layout
             and np.array_equal(self.low, other.low)
             and np.array_equal(self.high, other.high)
             and np.array_equal(self.normalize_mask, other.normalize_mask)

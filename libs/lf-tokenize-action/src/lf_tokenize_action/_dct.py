@@ -17,11 +17,7 @@ from typing import Any
 import numpy as np
 import scipy.fft
 
-
-def is_cupy_array(x: Any) -> bool:
-    """True when ``x`` is a ``cupy.ndarray`` (without importing cupy)."""
-    cupy = sys.modules.get("cupy")
-    return cupy is not None and isinstance(x, cupy.ndarray)
+from ._arrays import is_cupy as is_cupy_array
 
 
 def array_module(x: Any) -> Any:
