@@ -147,3 +147,39 @@ def test_sigkill_mid_training_then_resume_from_cli(tiny_config, tmp_path):
     losses = _losses(run_dir)
     assert sorted(losses) == list(range(1, 401))
     assert (run_dir / "checkpoints" / "latest").read_text() == "step-00000400"
+
+
+def test_fp16_survives_an_injected_inf_gradient(tiny_config, tmp_path):
+    """fp16 with dynamic loss scaling: an inf gradient at step 2 skips that update (weights unchanged,
+    scale halved, counted in the logs) and training goes on with finite losses.
+
+    Oracle: Micikevicius et al. 2018's rule as implemented by torch.amp.GradScaler (backoff 0.5)."""
+    import torch
+
+    from lf_orchestrator.trainer import Trainer
+    from lf_parallel import init_distributed
+
+    cfg = load_config(tiny_config, ["eval.at_end=false", "train.steps=4", "train.warmup_steps=1",
+                                    "memory.precision='fp16'"])
+    trainer = Trainer(cfg, tmp_path, init_distributed("cpu"))
+    assert trainer.scaler.enabled
+    real_scale = trainer.scaler.scale
+
+    def poisoned(loss):
+        return real_scale(loss) * (float("inf") if trainer.step == 1 else 1.0)  # during step 2
+
+    trainer.scaler.scale = poisoned
+    before: dict[str, torch.Tensor] = {}
+
+    def snapshot(step, _):
+        if step == 1:
+            before.update({k: v.clone() for k, v in trainer.model.state_dict().items()})
+        if step == 2:
+            after = trainer.model.state_dict()
+            assert all(torch.equal(before[k], after[k]) for k in before), "the skipped step changed weights"
+
+    trainer.fit(snapshot)
+    rows = {r["step"]: r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())}
+    assert [rows[s]["train/skipped_steps"] for s in (1, 2, 3, 4)] == [0, 1, 1, 1]
+    assert rows[2]["train/loss_scale"] == rows[1]["train/loss_scale"] / 2
+    assert all(math.isfinite(rows[s]["train/loss"]) for s in (1, 3, 4))

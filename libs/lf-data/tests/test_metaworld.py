@@ -238,3 +238,27 @@ def test_step_without_render_gives_same_state_and_no_image():
             np.testing.assert_array_equal(obs_a["state"], obs_b["state"])
             assert (ok_a, done_a) == (ok_b, done_b)
         np.testing.assert_array_equal(a.render(), b.render())
+
+
+def test_triton_loads_after_software_rendering(tmp_path):
+    """Rendering with OSMesa and then importing triton (as torch does lazily) does not crash.
+
+    Oracle: the process exit code; without the load-order fix in ``import_sim`` this
+    process dies with SIGSEGV inside ``import triton``. Skipped when triton is absent.
+    """
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    code = ("from lf_data import MetaWorldEnv\n"
+            "env = MetaWorldEnv('reach-v3', image_size=16)\n"
+            "obs = env.reset(seed=0)\n"
+            "import triton\n"
+            "print('ok', obs['image'].shape)\n")
+    env = {**os.environ, "MUJOCO_GL": "osmesa"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("ok")

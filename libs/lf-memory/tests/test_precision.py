@@ -71,7 +71,7 @@ def test_no_cuda_means_no_support():
     assert resolve_precision("auto", "cuda") == FP32
 
 
-@pytest.mark.parametrize("requested", ["fp16", "BF16", "", "float32"])
+@pytest.mark.parametrize("requested", ["FP16", "BF16", "", "float32", "fp8"])
 def test_unknown_choice_lists_valid_ones(requested):
     """Oracle: the contract (ValueError listing the choices and the value)."""
     with pytest.raises(ValueError) as err:
@@ -96,6 +96,18 @@ def test_bf16_autocast_gives_bf16_matmul_on_cpu():
         assert (x @ x.T).dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_fp16_policy_needs_loss_scaling_and_autocasts_matmul(device):
+    """Oracle: the contract (fp16 compute over fp32 weights, loss scaling flagged; only bf16/fp16
+    need a loss-scaling decision, and only fp16 says yes) and torch's CPU autocast op list."""
+    policy = resolve_precision("fp16", device)
+    assert policy == PrecisionPolicy(torch.float32, torch.float16) and policy.needs_loss_scaling
+    assert not resolve_precision("bf16", "cpu").needs_loss_scaling
+    assert not resolve_precision("fp32", "cpu").needs_loss_scaling
+    with policy.autocast("cpu"):
+        assert (torch.randn(2, 8) @ torch.randn(8, 3)).dtype == torch.float16
+
+
 def test_fp32_autocast_is_a_null_context():
     """Oracle: the contract (nullcontext for fp32; matmul stays float32)."""
     policy = resolve_precision("fp32", "cpu")
@@ -110,11 +122,11 @@ def test_fp32_autocast_is_a_null_context():
     ("kwargs", "needles"),
     [
         ({"param_dtype": torch.bfloat16, "compute_dtype": torch.bfloat16}, ["param_dtype", "bfloat16"]),
-        ({"param_dtype": torch.float32, "compute_dtype": torch.float16}, ["compute_dtype", "float16"]),
+        ({"param_dtype": torch.float32, "compute_dtype": torch.float64}, ["compute_dtype", "float64"]),
     ],
 )
 def test_policy_validation(kwargs, needles):
-    """Oracle: the contract (fp32 master weights; bf16 or fp32 compute)."""
+    """Oracle: the contract (fp32 master weights; bf16, fp16 or fp32 compute)."""
     with pytest.raises(ValueError) as err:
         PrecisionPolicy(**kwargs)
     for needle in needles:

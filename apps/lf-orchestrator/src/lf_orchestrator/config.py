@@ -109,8 +109,8 @@ class MemorySection(_Section):
     """Activation recomputation of transformer blocks (lf-memory ``apply_recompute``)."""
     recompute_every: int = 2
     """With ``every_k``: recompute every k-th block."""
-    precision: Literal["auto", "bf16", "fp32"] = "auto"
-    """Compute precision (lf-memory); ``auto`` is bf16 on GPUs that support it."""
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    """Compute precision (lf-memory); ``auto`` is bf16 on GPUs that support it; ``fp16`` adds dynamic loss scaling."""
 
 
 class ParallelSection(_Section):

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lf_data import LeRobotDataset, ResumableSampler, generate_metaworld
-from lf_memory import apply_recompute, resolve_precision
+from lf_memory import DynamicLossScaler, apply_recompute, resolve_precision
 from lf_orchestrator import assembly
 from lf_orchestrator.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from lf_orchestrator.config import Config
@@ -96,6 +96,7 @@ class Trainer:
         self.recomputed = apply_recompute(nn.ModuleList(self.model.blocks), cfg.memory.recompute,
                                           every=cfg.memory.recompute_every)
         self.precision = resolve_precision(cfg.memory.precision, ctx.device)
+        self.scaler = DynamicLossScaler(ctx.device.type, enabled=self.precision.needs_loss_scaling)
         self.plan = make_plan(cfg, ctx)
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg)
         self.sampler = ResumableSampler(len(self.dataset), batch_size=self.plan.micro_batch,
@@ -113,6 +114,8 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
+        if "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["rng_cpu"].cpu())
         self.step = int(state["step"])
 
@@ -122,7 +125,8 @@ class Trainer:
             return None
         state = {"step": self.step, "optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
-                 "rng_cpu": torch.get_rng_state(), "plan": self.plan.describe()}
+                 "rng_cpu": torch.get_rng_state(), "plan": self.plan.describe(),
+                 "scaler": self.scaler.state_dict()}
         return save_checkpoint(self.run_dir, self.step, self.model.state_dict(), state,
                                keep=self.cfg.train.keep_checkpoints)
 
@@ -148,21 +152,26 @@ class Trainer:
             logits = logits.float()
             loss = F.cross_entropy(logits.flatten(0, 1), b["labels"].flatten(), reduction="sum",
                                    ignore_index=-100)
-            (loss / denom).backward()
+            self.scaler.scale(loss / denom).backward()
             loss_sum += loss.detach()
             valid = b["labels"] != -100
             correct += ((logits.argmax(-1) == b["labels"]) & valid).sum()
         clip = self.cfg.train.grad_clip
+        self.scaler.unscale_(self.optimizer)  # no-op unless fp16: clip the true gradients
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else 1e30)
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)  # skipped when fp16 gradients hold inf/NaN
+        skipped = self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
+        if not skipped:  # the schedule counts applied updates
+            self.scheduler.step()
         self.step += 1
         stats = global_sum(torch.stack([loss_sum, correct]), self.ctx)
         return {"train/loss": float(stats[0] / tokens), "train/token_accuracy":
                 float(stats[1] / tokens), "train/grad_norm": float(grad_norm), "train/lr": lr,
-                "train/target_tokens": float(tokens)}
+                "train/target_tokens": float(tokens),
+                **({f"train/{k}": float(v) for k, v in self.scaler.log_fields().items()}
+                   if self.scaler.enabled else {})}
 
     def fit(self, on_step: StepCallback | None = None) -> dict[str, Any]:
         """Train until ``train.steps``, logging and checkpointing; returns a summary."""

@@ -9,7 +9,9 @@ headless); export ``MUJOCO_GL=egl`` before importing lf_data to use a GPU.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 import warnings
 
 import numpy as np
@@ -37,9 +39,25 @@ def _free_renderer(renderer) -> None:
     renderer.close()
 
 
+def _load_triton_before_osmesa() -> None:
+    """Load Triton's LLVM before OSMesa's, when Triton is installed and rendering is software.
+
+    libOSMesa (llvmpipe) and Triton's ``libtriton`` each carry their own LLVM. Loading
+    ``libtriton`` after an OSMesa context exists crashes the process (segfault inside
+    ``import triton``; seen with triton 3.9, Mesa's llvmpipe, torch 2.13), and torch imports
+    triton lazily (``torch._dynamo``, ``torch.compile``, meta-device init), so a process that
+    renders and then builds a model would crash. Loaded in the other order both work.
+    """
+    if os.environ.get("MUJOCO_GL") != "osmesa" or "triton" in sys.modules:
+        return
+    if importlib.util.find_spec("triton") is not None:
+        import triton  # noqa: F401  (loaded for its side effect on the process's shared libraries)
+
+
 def import_sim():
     """Import ``(metaworld, mujoco)`` lazily; ImportError naming the extra when absent."""
     os.environ.setdefault("MUJOCO_GL", "osmesa")
+    _load_triton_before_osmesa()
     try:
         import metaworld
         import metaworld.env_dict

@@ -1,8 +1,10 @@
-"""Mixed-precision policy: master weights in float32, compute in bf16 or fp32.
+"""Mixed-precision policy: master weights in float32, compute in bf16, fp16 or fp32.
 
-Version 0.1.0 supports one mixed scheme, bf16 autocast over float32 master
-weights (Micikevicius et al. 2018 with bf16 instead of fp16, so no loss
-scaling is needed), plus plain fp32. fp16 and fp8 are not offered yet.
+Mixed precision after Micikevicius et al. 2018 ("Mixed Precision Training",
+arXiv 1710.03740): float32 master weights and optimizer state, autocast
+compute. bf16 has fp32's exponent range and needs no loss scaling; fp16 does
+(:attr:`PrecisionPolicy.needs_loss_scaling`, served by
+:class:`lf_memory.DynamicLossScaler`).
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import torch
 
 __all__ = ["PRECISION_CHOICES", "PrecisionPolicy", "resolve_precision"]
 
-PRECISION_CHOICES: tuple[str, ...] = ("auto", "bf16", "fp32")
-_COMPUTE_DTYPES = (torch.bfloat16, torch.float32)
+PRECISION_CHOICES: tuple[str, ...] = ("auto", "bf16", "fp16", "fp32")
+_COMPUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,7 @@ class PrecisionPolicy:
 
     Raises:
         ValueError: ``param_dtype`` is not float32, or ``compute_dtype`` is
-            neither bfloat16 nor float32.
+            not bfloat16, float16 or float32.
 
     Example:
         >>> policy = PrecisionPolicy(torch.float32, torch.bfloat16)
@@ -37,7 +39,7 @@ class PrecisionPolicy:
     param_dtype: torch.dtype
     """Master weights and optimizer state; always ``torch.float32`` in this version."""
     compute_dtype: torch.dtype
-    """Dtype of autocast-eligible ops (matmul, conv): ``torch.bfloat16`` or ``torch.float32``."""
+    """Dtype of autocast-eligible ops (matmul, conv): ``torch.bfloat16``, ``torch.float16`` or ``torch.float32``."""
 
     def __post_init__(self) -> None:
         if self.param_dtype != torch.float32:
@@ -46,9 +48,14 @@ class PrecisionPolicy:
             )
         if self.compute_dtype not in _COMPUTE_DTYPES:
             raise ValueError(
-                "PrecisionPolicy.compute_dtype must be torch.bfloat16 or torch.float32, "
+                "PrecisionPolicy.compute_dtype must be torch.bfloat16, torch.float16 or torch.float32, "
                 f"got {self.compute_dtype}"
             )
+
+    @property
+    def needs_loss_scaling(self) -> bool:
+        """True for fp16 compute: gradients need dynamic loss scaling (``DynamicLossScaler``)."""
+        return self.compute_dtype == torch.float16
 
     def autocast(self, device_type: str | torch.device) -> contextlib.AbstractContextManager:
         """Context for the forward pass (and loss) on ``device_type``.
@@ -80,6 +87,9 @@ def resolve_precision(requested: str, device: torch.device | str) -> PrecisionPo
     """Turn the config's ``precision`` string into a :class:`PrecisionPolicy`.
 
     - ``"fp32"``: float32 everywhere.
+    - ``"fp16"``: fp16 autocast over float32 weights, with dynamic loss scaling
+      (``needs_loss_scaling``). Allowed on every CUDA device and on CPU (PyTorch's
+      CPU autocast supports float16; slow there, meant for tests).
     - ``"bf16"``: bf16 autocast over float32 weights. Allowed on CPU (PyTorch's
       CPU autocast supports bf16) and on any CUDA device where
       ``torch.cuda.is_bf16_supported()`` holds (emulated bf16 on pre-Ampere
@@ -90,7 +100,7 @@ def resolve_precision(requested: str, device: torch.device | str) -> PrecisionPo
       never picks it there; ask for ``"bf16"`` explicitly to get it.
 
     Args:
-        requested: one of ``"auto"``, ``"bf16"``, ``"fp32"``.
+        requested: one of ``"auto"``, ``"bf16"``, ``"fp16"``, ``"fp32"``.
         device: the device training runs on (``torch.device`` or a string).
 
     Returns:
@@ -111,6 +121,8 @@ def resolve_precision(requested: str, device: torch.device | str) -> PrecisionPo
     device = torch.device(device)
     if requested == "fp32":
         return PrecisionPolicy(torch.float32, torch.float32)
+    if requested == "fp16":
+        return PrecisionPolicy(torch.float32, torch.float16)
     if requested == "bf16":
         if device.type == "cuda" and not _cuda_bf16_support(device)[1]:
             raise ValueError(
