@@ -1,104 +1,96 @@
 """The attention entry point: one call, a mask description, the right backend.
 
-Backends, chosen per call by :func:`select_backend` (all work on CPU and
-CUDA, forward and backward):
+:func:`~lf_kernels._dispatch.choose_backend` names the backend from the call's
+static facts (its module docstring holds the order); this module runs it:
 
-- ``return_lse=True`` (any mask) -> ``"math"``: SDPA does not return the
-  log-sum-exp, which ring / context-parallel attention needs to merge partial
-  results. Explicit softmax with float32 accumulation (float64 for float64
-  inputs) and plain autograd; materializes the score matrix.
-- ``full`` without ``key_padding`` -> ``"sdpa"``: no mask tensor at all, so
-  SDPA may pick its flash kernel.
-- ``causal``, ``q_len == kv_len``, no ``key_padding`` -> ``"sdpa_causal"``:
-  ``is_causal=True``, flash kernel, no mask tensor.
-- ``causal`` with ``q_len != kv_len`` -> ``"sdpa_mask"``: SDPA's
-  ``is_causal`` aligns the top-left corner, we align the end (decoding), so we
-  pass the dense bool mask.
-- ``prefix_lm``, or any mask with ``key_padding`` -> ``"sdpa_mask"``: SDPA has
-  no such mask kind; the dense bool mask is the portable form (memory-efficient
-  kernel on CUDA, fused CPU kernel on CPU). FlexAttention would avoid the dense
-  mask but has no CPU backward in torch 2.11-2.13 (DESIGN.md).
+- ``"sdpa"`` / ``"sdpa_causal"``: SDPA with no mask tensor (``is_causal`` for
+  causal), so CUDA may take its cuDNN or flash kernel.
+- ``"sdpa_frames"`` (CUDA without FlexAttention, ``block_causal``): frame ``f``'s queries attend to
+  keys ``[0, end of frame f)`` with no mask, so one mask-free SDPA call per frame
+  computes the block-causal result exactly and spends no FLOPs on masked tiles.
+- ``"flash_varlen"`` (CUDA, packed documents, ``flash_attn`` installed): see
+  :mod:`lf_kernels._varlen`; falls back to the next backend when document ids
+  are not contiguous runs.
+- ``"flex"`` (CUDA): compiled FlexAttention on a block mask, see
+  :mod:`lf_kernels._flex`; also gives the log-sum-exp.
+- ``"sdpa_mask"``: SDPA with the dense bool mask (fused CPU kernel; CUDA's
+  memory-efficient kernel), the CPU path for every mask without the lse.
+- ``"math"``: explicit float32-accumulating softmax with the lse, query-chunked
+  for long sequences, see :mod:`lf_kernels._math`.
 
 GQA: the mask-free SDPA paths pass ``enable_gqa=True`` (no copy of k/v) on
 CPU and for fp16 / bf16 inputs on CUDA, where SDPA's flash and cuDNN kernels
 take it; elsewhere (fp32 on CUDA) and on the dense-mask path k/v heads are
 expanded with ``repeat_interleave``, because CUDA's memory-efficient kernel
 does not support ``enable_gqa`` (checked on an H200 with torch 2.11: "No
-available kernel") and SDPA would otherwise fall back to its unfused math
-kernel. The math path reshapes q to ``(batch, heads_kv, group, seq_q,
-head_dim)`` and broadcasts, no copy.
+available kernel"). FlexAttention and flash_attn take GQA natively.
 
-Fully masked query rows (every key padded, or ``q_len > kv_len`` with a
-causal mask): the dense-mask path un-masks such rows before SDPA and multiplies
-their output by zero afterwards, so no kernel ever sees an all ``-inf`` row.
-This is needed: on an H200 (torch 2.11) SDPA's cuDNN backend returns non-zero
-rows and NaN gradients for fully masked rows, while the CPU, math and
-memory-efficient kernels return zeros.
+Fully masked query rows (every key padded, ``q_len > kv_len`` with a causal
+mask): the dense-mask path un-masks such rows before SDPA and multiplies their
+output by zero afterwards, so no kernel ever sees an all ``-inf`` row. This is
+needed: on an H200 (torch 2.11) SDPA's cuDNN backend returns non-zero rows and
+NaN gradients for fully masked rows, while the CPU, math and memory-efficient
+kernels return zeros.
 
-Legend: ``b`` batch, ``h`` heads, ``g`` query heads per kv head, ``q`` query
-positions, ``k`` key positions, ``d`` head dim.
+Legend: ``b`` batch, ``h`` heads, ``q`` query positions, ``k`` key positions, ``d`` head dim.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ._mask import MaskSpec, dense_mask
+from ._dispatch import Backend, canonical_mask, choose_backend, select_backend
+from ._mask import MaskSpec, check_mask_inputs, dense_mask
+from ._math import attention_math
 from ._reference import check_qkv
 
-__all__ = ["Backend", "attention", "select_backend"]
+__all__ = ["Backend", "attention", "choose_backend", "select_backend"]
 
-Backend = Literal["sdpa", "sdpa_causal", "sdpa_mask", "math"]
-
-
-def select_backend(
-    mask: MaskSpec, q_len: int, kv_len: int, *, has_key_padding: bool, return_lse: bool
-) -> Backend:
-    """Name the backend :func:`attention` takes for this case (see module docstring)."""
-    if return_lse:
-        return "math"
-    if not has_key_padding and mask.kind == "full":
-        return "sdpa"
-    if not has_key_padding and mask.kind == "causal" and q_len == kv_len:
-        return "sdpa_causal"
-    return "sdpa_mask"
+# Mask-free half-precision SDPA on CUDA: cuDNN first (H200, torch 2.11, causal S=8192
+# 32x128 fwd+bwd: cuDNN ~500-546 TFLOP/s vs flash 281), then the others.
+_CUDA_PRIORITY = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                  SDPBackend.MATH]
 
 
-def _attention_math(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    allowed_bhqk: torch.Tensor,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Explicit softmax attention with fp32 (or fp64) accumulation; returns (out, lse)."""
-    batch, heads_q, seq_q, head_dim = q.shape
-    heads_kv = k.shape[1]
-    acc_dtype = torch.promote_types(q.dtype, torch.float32)
-    q_bhgqd = q.to(acc_dtype).reshape(batch, heads_kv, heads_q // heads_kv, seq_q, head_dim)
-    k_bh1kd = k.to(acc_dtype)[:, :, None]
-    v_bh1kd = v.to(acc_dtype)[:, :, None]
-    allowed_bhgqk = allowed_bhqk[:, :, None]  # (b|1, 1, 1, q, k)
-    scores = (q_bhgqd @ k_bh1kd.transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~allowed_bhgqk, float("-inf"))
-    # Row max, detached: out and lse are invariant to it, so no gradient is lost,
-    # and amax's tie-splitting backward is avoided. Empty rows use 0.
-    row_max = scores.detach().amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
-    probs_unnorm = torch.exp(scores - row_max)  # exactly 0 where masked
-    denom = probs_unnorm.sum(dim=-1, keepdim=True)
-    has_key = denom > 0
-    denom_safe = torch.where(has_key, denom, torch.ones_like(denom))
-    out = (probs_unnorm @ v_bh1kd) / denom_safe
-    lse = torch.where(
-        has_key, torch.log(denom_safe) + row_max, torch.full_like(denom, float("-inf"))
+def _sdpa_plain(q, k, v, *, causal: bool, scale: float) -> torch.Tensor:
+    heads_q, heads_kv = q.shape[1], k.shape[1]
+    native_gqa_ok = q.device.type == "cpu" or q.dtype in (torch.float16, torch.bfloat16)
+    if heads_q != heads_kv and not native_gqa_ok:
+        k = k.repeat_interleave(heads_q // heads_kv, dim=1)
+        v = v.repeat_interleave(heads_q // heads_kv, dim=1)
+    if q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16):
+        with sdpa_kernel(_CUDA_PRIORITY, set_priority=True):
+            return F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+            )
+    return F.scaled_dot_product_attention(
+        q, k, v, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
     )
-    out = out.reshape(batch, heads_q, seq_q, v.shape[-1]).to(q.dtype)
-    return out, lse.reshape(batch, heads_q, seq_q)
+
+
+def _sdpa_frames(q, k, v, frame_tokens: int, scale: float) -> torch.Tensor:
+    """Block-causal attention as one mask-free SDPA call per frame (q_len == kv_len)."""
+    seq = q.shape[2]
+    outs = []
+    for start in range(0, seq, frame_tokens):
+        stop = min(start + frame_tokens, seq)
+        outs.append(_sdpa_plain(q[:, :, start:stop], k[:, :, :stop], v[:, :, :stop], causal=False, scale=scale))
+    return torch.cat(outs, dim=2)
+
+
+def _sdpa_mask(q, k, v, allowed_bhqk: torch.Tensor, scale: float) -> torch.Tensor:
+    heads_q, heads_kv = q.shape[1], k.shape[1]
+    if heads_q != heads_kv:
+        k = k.repeat_interleave(heads_q // heads_kv, dim=1)
+        v = v.repeat_interleave(heads_q // heads_kv, dim=1)
+    # Un-mask empty rows, zero them afterwards (module docstring).
+    row_any_bhq1 = allowed_bhqk.any(dim=-1, keepdim=True)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_bhqk | ~row_any_bhq1, scale=scale)
+    return out * row_any_bhq1.to(out.dtype)
 
 
 def attention(
@@ -108,15 +100,16 @@ def attention(
     mask: MaskSpec,
     *,
     key_padding: torch.Tensor | None = None,
+    document_ids: torch.Tensor | None = None,
     scale: float | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Scaled dot-product attention with a mask description and GQA.
+    """Scaled dot-product attention with a mask description, packed documents and GQA.
 
     ``out = softmax(scale * q @ k^T, masked) @ v`` (Vaswani et al. 2017);
     grouped-query attention (Ainslie et al. 2023): query head ``h`` uses kv head
     ``h // (heads_q // heads_kv)`` (the ``repeat_interleave`` convention of HF
-    ``transformers``). The backend per case is listed in the module docstring.
+    ``transformers``). The backend per case: :func:`choose_backend`.
 
     Args:
         q: ``(batch, heads_q, seq_q, head_dim)``, any float dtype.
@@ -125,8 +118,10 @@ def attention(
         mask: which keys each query may see; with ``seq_q != seq_kv`` the
             queries are the last ``seq_q`` positions (see :func:`dense_mask`).
         key_padding: optional ``(batch, seq_kv)`` bool, ``True`` = real token.
+        document_ids: optional ``(batch, seq_kv)`` int, packed documents: attend
+            only within the same id (combined with ``mask``); needs ``seq_q <= seq_kv``.
         scale: score scale, default ``1 / sqrt(head_dim)``.
-        return_lse: also return the log-sum-exp (forces the math backend).
+        return_lse: also return the log-sum-exp.
 
     Returns:
         ``out`` ``(batch, heads_q, seq_q, head_dim_v)`` in ``q.dtype``; with
@@ -139,40 +134,50 @@ def attention(
     Raises:
         ValueError: ranks other than 4, mismatched batch / seq_kv / head_dim,
             ``seq_kv == 0``, ``heads_q % heads_kv != 0`` (names both numbers),
-            bad ``key_padding`` shape or dtype.
+            bad ``key_padding`` / ``document_ids`` shape or dtype, a
+            ``window_3d`` grid that does not hold ``seq_kv`` tokens.
         TypeError: ``mask`` is not a :class:`MaskSpec`.
 
     Example:
         >>> q = torch.randn(2, 8, 16, 64)
         >>> k = v = torch.randn(2, 2, 16, 64)
-        >>> attention(q, k, v, MaskSpec("causal")).shape
+        >>> attention(q, k, v, MaskSpec("block_causal", frame_tokens=4)).shape
         torch.Size([2, 8, 16, 64])
     """
     if not isinstance(mask, MaskSpec):
         raise TypeError(f"mask must be a MaskSpec, got {type(mask).__name__}")
-    heads_q, heads_kv = check_qkv(q, k, v)
+    check_qkv(q, k, v)
     seq_q, seq_kv = q.shape[2], k.shape[2]
+    check_mask_inputs(mask, seq_q, seq_kv, key_padding, document_ids)
+    for name, extra in (("key_padding", key_padding), ("document_ids", document_ids)):
+        if extra is not None and extra.shape[0] != q.shape[0]:
+            raise ValueError(f"{name} batch {extra.shape[0]} differs from q batch {q.shape[0]}")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    backend = select_backend(
-        mask, seq_q, seq_kv, has_key_padding=key_padding is not None, return_lse=return_lse
-    )
-    if backend != "sdpa" and backend != "sdpa_causal":
-        allowed_bhqk = dense_mask(mask, seq_q, seq_kv, key_padding=key_padding, device=q.device)
-    if backend == "math":
-        return _attention_math(q, k, v, allowed_bhqk, scale)
-    # GQA: enable_gqa where SDPA's kernels take it, else expand (module docstring).
-    native_gqa_ok = q.device.type == "cpu" or q.dtype in (torch.float16, torch.bfloat16)
-    expand_kv = heads_q != heads_kv and (backend == "sdpa_mask" or not native_gqa_ok)
-    if expand_kv:
-        k = k.repeat_interleave(heads_q // heads_kv, dim=1)
-        v = v.repeat_interleave(heads_q // heads_kv, dim=1)
+    facts = {
+        "device": q.device, "dtype": q.dtype, "has_key_padding": key_padding is not None,
+        "has_documents": document_ids is not None, "return_lse": return_lse,
+    }
+    backend: Backend = choose_backend(mask, seq_q, seq_kv, **facts)
+    spec = canonical_mask(mask, seq_q, seq_kv)
+    if backend == "flash_varlen":
+        from ._varlen import attention_flash_varlen, document_segments
+
+        segments = document_segments(document_ids)
+        if segments is not None:
+            return attention_flash_varlen(q, k, v, segments, causal=spec.kind == "causal", scale=scale)
+        backend = choose_backend(mask, seq_q, seq_kv, flash_attn=False, **facts)
     if backend in ("sdpa", "sdpa_causal"):
-        return F.scaled_dot_product_attention(
-            q, k, v, is_causal=backend == "sdpa_causal", scale=scale,
-            enable_gqa=heads_q != heads_kv and not expand_kv,
-        )
-    # sdpa_mask: un-mask empty rows, zero them afterwards (module docstring).
-    row_any_bhq1 = allowed_bhqk.any(dim=-1, keepdim=True)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_bhqk | ~row_any_bhq1, scale=scale)
-    return out * row_any_bhq1.to(out.dtype)
+        return _sdpa_plain(q, k, v, causal=backend == "sdpa_causal", scale=scale)
+    if backend == "sdpa_frames":
+        return _sdpa_frames(q, k, v, spec.frame_tokens, scale)
+    if backend == "flex":
+        from ._flex import attention_flex
+
+        out, lse = attention_flex(q, k, v, spec, scale, key_padding=key_padding, document_ids=document_ids)
+        return (out, lse) if return_lse else out
+    allowed_bhqk = dense_mask(spec, seq_q, seq_kv, key_padding=key_padding, document_ids=document_ids,
+                              device=q.device)
+    if backend == "math":
+        return attention_math(q, k, v, allowed_bhqk, scale)
+    return _sdpa_mask(q, k, v, allowed_bhqk, scale)

@@ -55,6 +55,7 @@ def attention_reference(
     mask: MaskSpec,
     *,
     key_padding: torch.Tensor | None = None,
+    document_ids: torch.Tensor | None = None,
     scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention in plain PyTorch, computed in the input dtype.
@@ -69,6 +70,7 @@ def attention_reference(
         v: ``(batch, heads_kv, seq_kv, head_dim_v)``.
         mask: which keys each query may see (see :class:`MaskSpec`).
         key_padding: optional ``(batch, seq_kv)`` bool, ``True`` = real token.
+        document_ids: optional ``(batch, seq_kv)`` int; attend only within the same id.
         scale: score scale, default ``1 / sqrt(head_dim)``.
 
     Returns:
@@ -92,7 +94,9 @@ def attention_reference(
     v_bhkd = v.repeat_interleave(group, dim=1)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    allowed_bhqk = dense_mask(mask, q.shape[2], k.shape[2], key_padding=key_padding, device=q.device)
+    allowed_bhqk = dense_mask(
+        mask, q.shape[2], k.shape[2], key_padding=key_padding, document_ids=document_ids, device=q.device
+    )
     row_any_bhq1 = allowed_bhqk.any(dim=-1, keepdim=True)
     # Rows with no allowed key are un-masked before the softmax (so it never sees
     # an all -inf row, whose NaN would leak into backward) and zeroed after.

@@ -1,0 +1,150 @@
+"""Which attention backend serves a call: a pure function of the call's static facts.
+
+:func:`choose_backend` decides from the mask, the lengths, the device type and
+dtype and which extras (padding, documents, log-sum-exp) are present, so tests
+can ask on a CPU what a CUDA call would take. Order of preference on CUDA:
+
+1. ``"sdpa"`` / ``"sdpa_causal"``: no mask tensor at all (``full``, or
+   ``causal`` with ``q_len == kv_len``; also ``block_causal`` with one token per
+   frame and a ``window_3d`` wide enough to see everything), no padding, no
+   documents, no log-sum-exp: cuDNN / flash kernels.
+2. ``"flash_varlen"``: packed documents with ``full`` / ``causal``, ``q_len ==
+   kv_len``, no padding, no log-sum-exp, fp16 / bf16, when ``flash_attn`` imports:
+   FlashAttention-2's varlen kernels skip the cross-document tiles entirely.
+3. ``"flex"``: every other case with ``q_len >= FLEX_MIN_Q`` (FlexAttention,
+   compiled, block-sparse; also returns the log-sum-exp).
+4. ``"sdpa_frames"`` (only where FlexAttention is missing): ``block_causal`` alone
+   (no padding, documents or lse), ``q_len == kv_len``, at most :data:`MAX_FRAMES`
+   frames: frame ``f``'s queries attend, unmasked, to the key prefix ending with
+   frame ``f``, so one mask-free SDPA call per frame is exact with no masked FLOPs.
+   Measured on an H200 (torch 2.11, 21 frames x 1,560 tokens, 12 x 128 heads, bf16
+   fwd+bwd): 334 TFLOP/s against compiled FlexAttention's 345, so Flex goes first;
+   the per-frame calls are too small to fill 132 SMs (wave quantization).
+5. ``"sdpa_mask"`` (dense bool mask) or, for the log-sum-exp, ``"math"``.
+
+On the CPU: 1, else ``"sdpa_mask"``, or ``"math"`` for the log-sum-exp
+(FlexAttention has no CPU backward in torch 2.11-2.13, DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Literal
+
+import torch
+
+from ._mask import MaskSpec
+
+__all__ = ["Backend", "FLEX_MIN_Q", "MAX_FRAMES", "canonical_mask", "choose_backend", "select_backend"]
+
+Backend = Literal["sdpa", "sdpa_causal", "sdpa_mask", "math", "flex", "flash_varlen", "sdpa_frames"]
+
+FLEX_MIN_Q = 128
+"""Below this many queries a dense mask is small and FlexAttention's compile is not worth it."""
+MAX_FRAMES = 64
+"""``sdpa_frames`` launches one SDPA call per frame; beyond this, launch overhead favours FlexAttention."""
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def flash_attn_available() -> bool:
+    """Whether the optional ``flash_attn`` package can be imported."""
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def flex_available() -> bool:
+    """Whether this torch ships FlexAttention."""
+    return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+
+
+def canonical_mask(mask: MaskSpec, q_len: int, kv_len: int) -> MaskSpec:
+    """An equivalent simpler ``MaskSpec`` where one exists (same dense mask for these lengths).
+
+    ``block_causal`` with ``frame_tokens == 1`` is ``causal``; with ``frame_tokens >=
+    kv_len`` and ``q_len <= kv_len`` it is ``full``; ``prefix_lm`` with ``prefix_len
+    == 0`` is ``causal`` and with ``prefix_len >= kv_len`` (``q_len <= kv_len``)
+    ``full``; a non-causal ``window_3d`` whose half-widths reach across its grid is ``full``.
+    """
+    kind = mask.kind
+    if kind == "block_causal" and mask.frame_tokens == 1:
+        return MaskSpec("causal")
+    if kind == "prefix_lm" and mask.prefix_len == 0:
+        return MaskSpec("causal")
+    if q_len <= kv_len and (
+        (kind == "block_causal" and mask.frame_tokens >= kv_len)
+        or (kind == "prefix_lm" and mask.prefix_len >= kv_len)
+        or (kind == "window_3d" and not mask.causal_t
+            and all(w // 2 >= n - 1 for w, n in zip(mask.window, mask.grid, strict=True)))
+    ):
+        return MaskSpec("full")
+    return mask
+
+
+def choose_backend(
+    mask: MaskSpec,
+    q_len: int,
+    kv_len: int,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    has_key_padding: bool = False,
+    has_documents: bool = False,
+    return_lse: bool = False,
+    flash_attn: bool | None = None,
+    flex: bool | None = None,
+) -> Backend:
+    """Name the backend :func:`attention` takes for this case (order in the module docstring).
+
+    Args:
+        mask: the mask description.
+        q_len, kv_len: query and key lengths.
+        device: where the tensors live; only its type (``"cpu"`` / ``"cuda"``) matters.
+        dtype: the q/k/v dtype.
+        has_key_padding, has_documents: whether ``key_padding`` / ``document_ids`` are given.
+        return_lse: whether the log-sum-exp is wanted.
+        flash_attn, flex: override the detection of ``flash_attn`` / FlexAttention
+            (``None``: detect), so tests can ask about machines unlike this one.
+
+    Returns:
+        one of ``"sdpa"``, ``"sdpa_causal"``, ``"flash_varlen"``, ``"sdpa_frames"``,
+        ``"flex"``, ``"sdpa_mask"``, ``"math"``.
+
+    Example:
+        >>> choose_backend(MaskSpec("block_causal", frame_tokens=1560), 32760, 32760,
+        ...                device="cuda", dtype=torch.bfloat16, return_lse=True, flex=True)
+        'flex'
+    """
+    mask = canonical_mask(mask, q_len, kv_len)
+    plain = not (has_key_padding or has_documents or return_lse)
+    if plain and mask.kind == "full":
+        return "sdpa"
+    if plain and mask.kind == "causal" and q_len == kv_len:
+        return "sdpa_causal"
+    if torch.device(device).type == "cuda":
+        if flash_attn is None:
+            flash_attn = flash_attn_available()
+        if flex is None:
+            flex = flex_available()
+        if (
+            flash_attn and has_documents and not has_key_padding and not return_lse and q_len == kv_len
+            and mask.kind in ("full", "causal") and dtype in _HALF
+        ):
+            return "flash_varlen"
+        if flex and q_len >= FLEX_MIN_Q and dtype in (*_HALF, torch.float32):
+            return "flex"
+        if (
+            plain and mask.kind == "block_causal" and q_len == kv_len
+            and -(-kv_len // mask.frame_tokens) <= MAX_FRAMES
+        ):
+            return "sdpa_frames"
+    return "math" if return_lse else "sdpa_mask"
+
+
+def select_backend(
+    mask: MaskSpec, q_len: int, kv_len: int, *, has_key_padding: bool, return_lse: bool,
+    has_documents: bool = False,
+) -> Backend:
+    """The backend a CPU call takes: :func:`choose_backend` with ``device="cpu"`` (kept for 0.1 callers)."""
+    return choose_backend(
+        mask, q_len, kv_len, has_key_padding=has_key_padding, has_documents=has_documents, return_lse=return_lse
+    )

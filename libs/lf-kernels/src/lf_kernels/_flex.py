@@ -1,0 +1,110 @@
+"""FlexAttention backend (CUDA): a block mask built from :func:`mask_predicate`, compiled kernels.
+
+FlexAttention (Dong et al. 2024, arXiv 2412.05496) takes the mask as a
+``mask_mod(b, h, q_idx, kv_idx)`` function and skips the 128 x 128 tiles it
+rules out entirely. The ``mask_mod`` here evaluates the same
+:func:`~lf_kernels._mask.mask_predicate` as :func:`dense_mask`, plus padding
+and document ids, so the dense and block-sparse forms cannot disagree.
+
+Caching: the compiled ``flex_attention`` is built once per process; block masks
+that depend only on the ``MaskSpec`` and the lengths are cached per
+``(spec, q_len, kv_len, device)`` (a ``MaskSpec`` is hashable for this reason).
+Masks with ``key_padding`` / ``document_ids`` depend on tensor data and are
+built on every call (``create_block_mask(_compile=True)`` on CUDA: one fused pass over
+the tile grid, small next to the attention itself).
+
+CPU: FlexAttention has no CPU backward in torch 2.11-2.13, so the dispatcher
+never sends CPU tensors here.
+
+Legend: ``b`` batch, ``h`` heads, ``q`` query positions, ``k`` key positions, ``d`` head dim.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ._mask import MaskSpec, mask_predicate
+
+__all__ = ["attention_flex", "block_mask_for"]
+
+_STATIC_CACHE_SIZE = 64
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
+
+
+def _mask_mod(spec: MaskSpec, offset: int, key_padding: torch.Tensor | None, document_ids: torch.Tensor | None):
+    def mask_mod(b, h, q_idx, kv_idx):
+        q_pos = q_idx + offset
+        keep = mask_predicate(spec, q_pos, kv_idx)
+        if key_padding is not None:
+            keep = keep & key_padding[b, kv_idx]
+        if document_ids is not None:
+            keep = keep & (document_ids[b, q_pos] == document_ids[b, kv_idx])
+        return keep
+
+    return mask_mod
+
+
+@functools.lru_cache(maxsize=_STATIC_CACHE_SIZE)
+def _static_block_mask(spec: MaskSpec, q_len: int, kv_len: int, device: str):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    mask_mod = _mask_mod(spec, kv_len - q_len, None, None)
+    on_cuda = torch.device(device).type == "cuda"
+    return create_block_mask(mask_mod, None, None, q_len, kv_len, device=device, _compile=on_cuda)
+
+
+def block_mask_for(
+    spec: MaskSpec,
+    q_len: int,
+    kv_len: int,
+    device: torch.device | str,
+    *,
+    key_padding: torch.Tensor | None = None,
+    document_ids: torch.Tensor | None = None,
+):
+    """The FlexAttention ``BlockMask`` of a mask request (cached when it has no tensor data)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    device = torch.device(device)
+    if key_padding is None and document_ids is None:
+        return _static_block_mask(spec, q_len, kv_len, str(device))
+    batch = (key_padding if key_padding is not None else document_ids).shape[0]
+    if key_padding is not None:
+        key_padding = key_padding.to(device)
+    if document_ids is not None:
+        document_ids = document_ids.to(device)
+    mask_mod = _mask_mod(spec, kv_len - q_len, key_padding, document_ids)
+    return create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device, _compile=device.type == "cuda")
+
+
+def attention_flex(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    spec: MaskSpec,
+    scale: float,
+    *,
+    key_padding: torch.Tensor | None = None,
+    document_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Compiled FlexAttention; returns ``(out (b, h, q, d) in q.dtype, lse (b, h, q) float32)``."""
+    from torch.nn.attention import flex_attention as flex_module
+
+    block_mask = block_mask_for(
+        spec, q.shape[2], k.shape[2], q.device, key_padding=key_padding, document_ids=document_ids
+    )
+    kwargs = {"block_mask": block_mask, "scale": scale, "enable_gqa": q.shape[1] != k.shape[1]}
+    if hasattr(flex_module, "AuxRequest"):
+        out, aux = _compiled_flex()(q, k, v, return_aux=flex_module.AuxRequest(lse=True), **kwargs)
+        lse = aux.lse
+    else:  # torch < 2.9
+        out, lse = _compiled_flex()(q, k, v, return_lse=True, **kwargs)
+    return out, lse
