@@ -43,7 +43,7 @@ def test_json_round_trip_is_identity():
     g = build_graph(_tiny())
     data = to_json(g)
     assert from_json(data) == g
-    assert b'"op":"transformer_block"' in data and b'"mask":"prefix_lm"' in data
+    assert b'"op":"transformer_block"' in data and b'"mask":{"kind":"prefix_lm","prefix_len"' in data
 
 
 def test_param_count_matches_lowered_module():

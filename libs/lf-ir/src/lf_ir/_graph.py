@@ -14,10 +14,10 @@ from typing import Literal
 
 import msgspec
 
-from lf_ir._cost import node_forward_flops, node_params
-from lf_ir._nodes import Embedding, IRError, LMHead, Node, TransformerBlock
+from lf_ir._cost import node_backward_flops, node_forward_flops, node_params
+from lf_ir._nodes import Embedding, IRError, Linear, LMHead, Node, PatchEmbed2D, TransformerBlock
 
-Modality = Literal["image", "text", "state", "action", "sequence"]
+Modality = Literal["image", "text", "state", "action", "sequence", "video"]
 
 
 class Component(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,9 +32,10 @@ class Component(msgspec.Struct, frozen=True, kw_only=True):
     nodes: list[Node]
     """Nodes in application order."""
 
-    def blocks(self) -> list[TransformerBlock]:
-        """The transformer blocks of the component, in order."""
-        return [n for n in self.nodes if isinstance(n, TransformerBlock)]
+    def blocks(self) -> list[Node]:
+        """The repeated blocks of the component, in order: transformer blocks and every node class marked
+        ``is_block`` (``MMBlock``, ``DiTBlock``), what recompute and pipeline planners work on."""
+        return [n for n in self.nodes if isinstance(n, TransformerBlock) or getattr(type(n), "is_block", False)]
 
 
 class Edge(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,8 +47,9 @@ class Edge(msgspec.Struct, frozen=True, kw_only=True):
     """Node of ``src`` whose output is taken."""
     dst: str
     """Consuming component."""
-    kind: Literal["prefix_tokens", "tokens"] = "tokens"
-    """``prefix_tokens``: inserted in the bidirectional prefix of ``dst``."""
+    kind: Literal["prefix_tokens", "tokens", "context"] = "tokens"
+    """``prefix_tokens``: inserted in the bidirectional prefix of ``dst``; ``context``: read by the
+    cross-attention of ``dst`` (keys/values), not part of its sequence."""
 
 
 class Graph(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,6 +144,27 @@ def param_count(graph: Graph, *, component: str | None = None) -> int:
 def forward_flops(graph: Graph, batch: int = 1) -> int:
     """Forward FLOPs (multiply-add = 2) for ``batch`` samples, dense attention term."""
     return sum(node_forward_flops(n, batch, c.seq_len) for c in graph.components for n in c.nodes)
+
+
+def component_backward_flops(graph: Graph, comp: Component, batch: int, seq: int | None = None) -> int:
+    """Backward FLOPs of one component for ``batch`` samples of ``seq`` tokens (default ``comp.seq_len``).
+
+    Each node's ``backward_flops`` (input and weight gradients), except the first node of a
+    component no edge feeds when it is a ``Linear`` or ``PatchEmbed2D``: its input is data
+    that needs no gradient, so only the weight gradient (1x forward) is computed, as autograd does.
+    """
+    seq = comp.seq_len if seq is None else seq
+    total = sum(node_backward_flops(n, batch, seq) for n in comp.nodes)
+    fed = {e.dst for e in graph.edges}
+    if comp.nodes and comp.name not in fed and isinstance(comp.nodes[0], (Linear, PatchEmbed2D)):
+        first = comp.nodes[0]
+        total += node_forward_flops(first, batch, seq) - node_backward_flops(first, batch, seq)
+    return total
+
+
+def backward_flops(graph: Graph, batch: int = 1) -> int:
+    """Backward FLOPs for ``batch`` samples, dense attention term (see :func:`component_backward_flops`)."""
+    return sum(component_backward_flops(graph, c, batch) for c in graph.components)
 
 
 def to_json(graph: Graph) -> bytes:

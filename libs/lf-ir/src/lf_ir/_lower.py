@@ -116,7 +116,7 @@ class TransformerBlockModule(nn.Module):
 
     def __init__(self, node: TransformerBlock):
         super().__init__()
-        self.mask_kind = node.attention.mask
+        self.mask_kind = node.attention.mask_spec.kind
         self.attn_norm = lower_node(node.attn_norm)
         self.attention = lower_node(node.attention)
         self.mlp_norm = lower_node(node.mlp_norm)

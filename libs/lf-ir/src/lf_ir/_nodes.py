@@ -14,14 +14,28 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+from lf_ir import _bytes
 from lf_ir._base import IRError, SeqSplit, TPStyle, _Node
+from lf_ir._mask import Mask, as_mask
+from lf_ir._nodes_dit import DiTAttention, DiTBlock
+from lf_ir._nodes_flow import FlowMatchingLoss
 from lf_ir._nodes_lm import LMHead
+from lf_ir._nodes_vae import CausalConv3D, ChannelRMSNorm, VAEAttention, VAEResample, VAEResBlock
+from lf_ir._nodes_video import (
+    AdaLNHead,
+    AdaLNModulation,
+    TextProjection,
+    TimestepEmbedding,
+    VideoPatchEmbed,
+)
+from lf_ir._nodes_vision import FeedForward, PatchEmbed3D, PatchMerger
 from lf_ir._rope import RoPE
 
-__all__ = ["MLP", "Attention", "Embedding", "IRError", "LMHead", "LearnedPositional", "Linear", "MaskKind",
-           "Node", "Norm", "PatchEmbed2D", "RoPE", "TPStyle", "TransformerBlock", "_Node"]
+__all__ = ["MLP", "Attention", "Embedding", "IRError", "LMHead", "LearnedPositional", "Linear", "Mask",
+           "MaskKind", "Node", "Norm", "PatchEmbed2D", "RoPE", "TPStyle", "TransformerBlock", "_Node"]
 
 MaskKind = Literal["full", "causal", "prefix_lm"]
+"""Mask kinds an ``Attention`` node may give as a bare string; the others need a :class:`Mask`."""
 
 
 class Embedding(_Node, frozen=True, kw_only=True, tag="embedding"):
@@ -53,6 +67,16 @@ class Embedding(_Node, frozen=True, kw_only=True, tag="embedding"):
 
     def tp_dims(self) -> dict[str, int | None]:
         return {"weight": 0 if self.tp == "row" else None}
+
+    def forward_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
+        """Read the int64 ids and the gathered rows, write the embeddings."""
+        _bytes.check_sizes(self, batch, seq, dtype_bytes)
+        return batch * seq * (8 + 2 * self.dim * dtype_bytes)
+
+    def saved_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
+        """The int64 ids (the weight gradient scatters by them)."""
+        _bytes.check_sizes(self, batch, seq, dtype_bytes)
+        return batch * seq * 8
 
 
 class Linear(_Node, frozen=True, kw_only=True, tag="linear"):
@@ -93,6 +117,17 @@ class Linear(_Node, frozen=True, kw_only=True, tag="linear"):
 
     def forward_flops(self, batch: int, seq: int) -> int:
         return 2 * batch * seq * self.in_features * self.out_features
+
+    def forward_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
+        """Read the input and the parameters, write the output."""
+        _bytes.check_sizes(self, batch, seq, dtype_bytes)
+        tokens = batch * seq
+        return tokens * (self.in_features + self.out_features) * dtype_bytes + _bytes.params_bytes(self, dtype_bytes)
+
+    def saved_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
+        """The input (batch, seq, in_features), for the weight gradient."""
+        _bytes.check_sizes(self, batch, seq, dtype_bytes)
+        return batch * seq * self.in_features * dtype_bytes
 
 
 class PatchEmbed2D(_Node, frozen=True, kw_only=True, tag="patch_embed_2d"):
@@ -137,6 +172,17 @@ class PatchEmbed2D(_Node, frozen=True, kw_only=True, tag="patch_embed_2d"):
     def forward_flops(self, batch: int, seq: int) -> int:
         return 2 * batch * self.num_patches * self.in_channels * self.patch_size ** 2 * self.dim
 
+    def forward_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
+        """Read the image and the parameters, write the patch tokens (``seq`` unused: the image fixes it)."""
+        _bytes.check_sizes(self, batch, seq, dtype_bytes)
+        image = batch * self.in_channels * self.image_size ** 2
+        return (image + batch * self.num_patches * self.dim) * dtype_bytes + _bytes.params_bytes(self, dtype_bytes)
+
+    def saved_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
+        """The image (batch, channels, H, W) in the activation dtype, for the weight gradient."""
+        _bytes.check_sizes(self, batch, seq, dtype_bytes)
+        return batch * self.in_channels * self.image_size ** 2 * dtype_bytes
+
 
 class LearnedPositional(_Node, frozen=True, kw_only=True, tag="learned_positional"):
     """Learned absolute position embedding added to (batch, seq<=length, dim)."""
@@ -161,6 +207,16 @@ class LearnedPositional(_Node, frozen=True, kw_only=True, tag="learned_positiona
         return {"weight": (self.length, self.dim)}
 
     def forward_flops(self, batch: int, seq: int) -> int:
+        return 0
+
+    def forward_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
+        """Read the input and ``seq`` rows of the table, write the sum."""
+        _bytes.check_sizes(self, batch, seq, dtype_bytes)
+        return (2 * batch * seq + seq) * self.dim * dtype_bytes
+
+    def saved_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
+        """Nothing: an add keeps no tensor for its backward."""
+        _bytes.check_sizes(self, batch, seq, dtype_bytes)
         return 0
 
 
@@ -196,6 +252,16 @@ class Norm(_Node, frozen=True, kw_only=True, tag="norm"):
     def forward_flops(self, batch: int, seq: int) -> int:
         return 0
 
+    def forward_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
+        """Read the input and the parameters, write the output."""
+        _bytes.check_sizes(self, batch, seq, dtype_bytes)
+        return 2 * batch * seq * self.dim * dtype_bytes + _bytes.params_bytes(self, dtype_bytes)
+
+    def saved_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
+        """LayerNorm: input, mean, rstd; RMSNorm: float32 input, ``x * rstd`` and rstd (see ``_bytes``)."""
+        _bytes.check_sizes(self, batch, seq, dtype_bytes)
+        return _bytes.norm_saved(self.kind, batch * seq, self.dim, dtype_bytes)
+
 
 class Attention(_Node, frozen=True, kw_only=True, tag="attention"):
     """Multi-head self-attention with grouped-query heads (GQA) and a mask kind.
@@ -210,8 +276,9 @@ class Attention(_Node, frozen=True, kw_only=True, tag="attention"):
     """Query heads; must divide ``dim``."""
     kv_heads: int
     """Key/value heads; must divide ``heads`` (GQA, arXiv 2305.13245)."""
-    mask: MaskKind = "causal"
-    """Which positions may attend to which (see lf_kernels.MaskSpec)."""
+    mask: MaskKind | Mask = "causal"
+    """Which positions may attend to which: a bare kind or a :class:`Mask` with parameters
+    (same kinds as lf_kernels.MaskSpec)."""
     bias: bool = False
     """Whether the q/k/v/o projections carry biases."""
     rope: RoPE | None = None
@@ -223,8 +290,13 @@ class Attention(_Node, frozen=True, kw_only=True, tag="attention"):
             self._fail(f"dim {self.dim} is not divisible by heads {self.heads}")
         if self.heads % self.kv_heads:
             self._fail(f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
-        if self.mask not in ("full", "causal", "prefix_lm"):
-            self._fail(f"unknown mask kind {self.mask!r}; expected full, causal or prefix_lm")
+        try:
+            mask = as_mask(self.mask)
+        except ValueError as err:
+            self._fail(str(err))
+        problem = mask.problem()
+        if problem:
+            self._fail(f"mask: {problem}")
         if self.rope is not None:
             problem = self.rope.problem(self.head_dim)
             if problem:
@@ -258,10 +330,42 @@ class Attention(_Node, frozen=True, kw_only=True, tag="attention"):
             dims.update({"q.bias": 0, "k.bias": 0, "v.bias": 0, "o.bias": None})
         return dims
 
+    @property
+    def mask_spec(self) -> Mask:
+        """The mask as a :class:`Mask` (a bare ``"prefix_lm"`` has prefix 0: see ``lf_ir._mask``)."""
+        return as_mask(self.mask)
+
+    def _proj_flops(self, batch: int, seq: int) -> int:
+        return 2 * batch * seq * self.dim * (2 * self.dim + 2 * self.kv_heads * self.head_dim)
+
     def forward_flops(self, batch: int, seq: int) -> int:
-        kv = self.kv_heads * self.head_dim
-        proj = 2 * batch * seq * self.dim * (2 * self.dim + 2 * kv)
-        return proj + 4 * batch * seq * seq * self.dim
+        """Projections plus the dense score and value terms (4 * seq^2 * dim per sample), the MFU convention."""
+        return self._proj_flops(batch, seq) + 4 * batch * seq * seq * self.dim
+
+    def forward_flops_unmasked(self, batch: int, seq: int, doc_lens: list[int] | None = None) -> int:
+        """Like :meth:`forward_flops` but counting only the score entries the mask keeps.
+
+        ``doc_lens``: packed masks only, the document lengths of a sample (see
+        :meth:`Mask.kept_pairs`); None counts one document per sample.
+        """
+        return self._proj_flops(batch, seq) + 4 * batch * self.dim * self.mask_spec.kept_pairs(seq, doc_lens)
+
+    def keep_fraction(self, seq: int, doc_lens: list[int] | None = None) -> float:
+        """Exact fraction of the (seq, seq) score matrix the mask keeps (see :meth:`Mask.keep_fraction`)."""
+        return self.mask_spec.keep_fraction(seq, doc_lens)
+
+    def forward_bytes(self, batch: int, seq: int, dtype_bytes: int, *, key_padding: bool = False) -> int:
+        """Projections, RoPE and a flash-style core (no score matrix); see ``lf_ir._bytes``."""
+        _bytes.check_sizes(self, batch, seq, dtype_bytes)
+        return _bytes.attention_forward(self, self.mask_spec, batch, seq, dtype_bytes, key_padding)
+
+    def saved_bytes(self, batch: int, seq: int, dtype_bytes: int, *, key_padding: bool = False) -> int:
+        """What autograd keeps through lf_kernels' CPU path, by backend (see ``lf_ir._bytes``).
+
+        ``key_padding``: whether the call gets a (batch, seq) key-padding mask.
+        """
+        _bytes.check_sizes(self, batch, seq, dtype_bytes)
+        return _bytes.attention_saved(self, self.mask_spec, batch, seq, dtype_bytes, key_padding)
 
 
 class MLP(_Node, frozen=True, kw_only=True, tag="mlp"):
@@ -306,6 +410,16 @@ class MLP(_Node, frozen=True, kw_only=True, tag="mlp"):
     def forward_flops(self, batch: int, seq: int) -> int:
         mats = 3 if self.activation == "swiglu" else 2
         return 2 * batch * seq * self.dim * self.hidden * mats
+
+    def forward_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
+        """The projections, the activation and (SwiGLU) the product, unfused; see ``lf_ir._bytes``."""
+        _bytes.check_sizes(self, batch, seq, dtype_bytes)
+        return _bytes.mlp_forward(self, batch * seq, dtype_bytes)
+
+    def saved_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
+        """Input plus 2 (GELU) or 4 (SwiGLU) hidden-width tensors; see ``lf_ir._bytes``."""
+        _bytes.check_sizes(self, batch, seq, dtype_bytes)
+        return _bytes.mlp_saved(self, batch * seq, dtype_bytes)
 
 
 class TransformerBlock(_Node, frozen=True, kw_only=True, tag="transformer_block"):
@@ -353,7 +467,31 @@ class TransformerBlock(_Node, frozen=True, kw_only=True, tag="transformer_block"
     def forward_flops(self, batch: int, seq: int) -> int:
         return sum(c.forward_flops(batch, seq) for c in self.children())
 
+    def forward_flops_unmasked(self, batch: int, seq: int, doc_lens: list[int] | None = None) -> int:
+        """:meth:`forward_flops` with the attention scores the mask drops left out."""
+        return self.forward_flops(batch, seq) - self.attention.forward_flops(batch, seq) + \
+            self.attention.forward_flops_unmasked(batch, seq, doc_lens)
+
+    def forward_bytes(self, batch: int, seq: int, dtype_bytes: int, *, key_padding: bool = False) -> int:
+        """The children's traffic plus the two residual adds (read 2, write 1 each)."""
+        _bytes.check_sizes(self, batch, seq, dtype_bytes)
+        adds = 2 * 3 * batch * seq * self.attention.dim * dtype_bytes
+        return adds + self.attention.forward_bytes(batch, seq, dtype_bytes, key_padding=key_padding) + sum(
+            c.forward_bytes(batch, seq, dtype_bytes) for c in (self.attn_norm, self.mlp_norm, self.mlp))
+
+    def saved_bytes(self, batch: int, seq: int, dtype_bytes: int, *, key_padding: bool = False) -> int:
+        """The sum over the four children (residual adds keep nothing); no recomputation."""
+        _bytes.check_sizes(self, batch, seq, dtype_bytes)
+        return self.attention.saved_bytes(batch, seq, dtype_bytes, key_padding=key_padding) + sum(
+            c.saved_bytes(batch, seq, dtype_bytes) for c in (self.attn_norm, self.mlp_norm, self.mlp))
+
+
+from lf_ir._nodes_expert import ActionTimeEmbed, JointAttentionBlock  # noqa: E402  (uses MLP)
+from lf_ir._nodes_mm import MMAttention, MMBlock  # noqa: E402  (subclasses TransformerBlock)
 
 Node = (Embedding | Linear | PatchEmbed2D | LearnedPositional | Norm | Attention | MLP | TransformerBlock
-        | LMHead)
+        | LMHead | CausalConv3D | ChannelRMSNorm | VAEResBlock | VAEAttention | VAEResample
+        | PatchEmbed3D | PatchMerger | FeedForward | MMAttention | MMBlock
+        | VideoPatchEmbed | TimestepEmbedding | TextProjection | AdaLNModulation | AdaLNHead | DiTAttention
+        | DiTBlock | FlowMatchingLoss | ActionTimeEmbed | JointAttentionBlock)
 """Any IR node (a tagged union: JSON carries the ``op`` field)."""

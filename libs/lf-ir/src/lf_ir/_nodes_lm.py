@@ -51,3 +51,13 @@ class LMHead(_Node, frozen=True, kw_only=True, tag="lm_head"):
 
     def forward_flops(self, batch: int, seq: int) -> int:
         return 2 * batch * seq * self.dim * self.vocab_size
+
+    def forward_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
+        """Read the input and the (owned or shared) weight, write the logits."""
+        self._positive(batch=batch, seq=seq, dtype_bytes=dtype_bytes)
+        return (batch * seq * (self.dim + self.vocab_size) + self.vocab_size * self.dim) * dtype_bytes
+
+    def saved_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
+        """The input (batch, seq, dim), for the weight gradient (the logits are kept by the loss, not here)."""
+        self._positive(batch=batch, seq=seq, dtype_bytes=dtype_bytes)
+        return batch * seq * self.dim * dtype_bytes

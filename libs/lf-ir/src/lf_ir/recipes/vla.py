@@ -23,6 +23,7 @@ from torch import nn
 
 from lf_ir._graph import Component, Edge, Graph, validate
 from lf_ir._lower import ComponentModule
+from lf_ir._mask import Mask
 from lf_ir._nodes import (
     MLP,
     Attention,
@@ -107,7 +108,7 @@ def vla_config(size: str = "small", **overrides: int) -> VLAConfig:
 
 
 def _blocks(prefix: str, n: int, dim: int, heads: int, kv_heads: int, hidden: int,
-            mask: str) -> list[TransformerBlock]:
+            mask: str | Mask) -> list[TransformerBlock]:
     return [TransformerBlock(
         name=f"{prefix}{i}",
         attn_norm=Norm(name=f"{prefix}{i}.attn_norm", dim=dim),
@@ -137,7 +138,7 @@ def build_graph(cfg: VLAConfig) -> Graph:
     backbone = Component(name="backbone", modality="sequence", seq_len=cfg.seq_len, nodes=[
         LearnedPositional(name="pos", length=cfg.seq_len, dim=cfg.dim),
         *_blocks("block", cfg.layers, cfg.dim, cfg.heads, cfg.kv_heads,
-                 cfg.dim * cfg.mlp_ratio, "prefix_lm"),
+                 cfg.dim * cfg.mlp_ratio, Mask(kind="prefix_lm", prefix_len=cfg.prefix_len)),
         Norm(name="norm", dim=cfg.dim),
         Linear(name="head", in_features=cfg.dim, out_features=cfg.vocab_size, bias=False),
     ])
@@ -207,6 +208,26 @@ class VLAModel(nn.Module):
             raise ValueError(f"action_in_ids: expected {n_in} tokens, got {action_in_ids.shape[1]}")
         prefix, padding = self.encode_prefix(image, instruction_ids, instruction_mask, state)
         return self.decode(prefix, padding, action_in_ids)
+
+    def loss_normalizer(self, batch) -> torch.Tensor:
+        """Target action tokens in ``batch`` (labels other than -100): what the loss sum is divided by."""
+        return (batch["labels"] != -100).sum()
+
+    def training_loss(self, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(summed cross-entropy of the action tokens, float32; ``{"token_accuracy": correct tokens}``).
+
+        ``batch``: the inputs of :meth:`forward` by name and ``labels`` int64 (batch,
+        num_action_tokens), -100 where ignored. Divide by :meth:`loss_normalizer` for the mean.
+        """
+        logits = self(batch["image"], batch["instruction_ids"], batch["instruction_mask"], batch["state"],
+                      batch["action_in_ids"])
+        labels = batch["labels"]
+        with torch.autocast(logits.device.type, enabled=False):
+            logits = logits.float()
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum",
+                                               ignore_index=-100)
+        correct = ((logits.argmax(-1) == labels) & (labels != -100)).sum()
+        return loss, {"token_accuracy": correct}
 
     @torch.no_grad()
     def generate(self, image, instruction_ids, instruction_mask, state) -> torch.Tensor:

@@ -1,0 +1,128 @@
+"""Byte rules of the planner protocol: memory traffic of a forward and bytes kept for backward.
+
+Legend: ``T = batch * seq`` tokens, ``d`` model width, ``kv = kv_heads * head_dim``,
+``H`` MLP hidden width, ``h`` query heads, ``db`` bytes per activation element
+(``dtype_bytes``: 4 float32, 2 bf16 / fp16). All results are bytes.
+
+``saved_bytes`` is what PyTorch autograd (torch 2.11-2.13, CPU kernels, no
+dropout) keeps alive for the backward of the lowered module, counted by storage
+(a view and its base count once), parameters excluded, the node's input
+included when its backward keeps it, its output only when the node itself
+saves it. Derived op by op and checked against ``saved_tensors_hooks`` on the
+lowered modules in float32 and bf16 (``tests/test_ir_bytes.py``):
+
+- Linear / LMHead: the input (T*in). Conv patch embedding: the image.
+- Embedding: the int64 ids (T*8). Learned positional table add: nothing.
+- LayerNorm: input (T*d) and ``mean`` / ``rstd`` (T each), all in ``db``.
+  RMSNorm (``nn.RMSNorm`` decomposes on CPU and upcasts to float32): the float32
+  input, ``x * rstd`` (T*d each) and ``rstd`` (T), at ``max(db, 4)`` bytes; in bf16
+  the bf16 input itself is not kept.
+- Attention, the shared input (T*d) of the q/k/v projections; RoPE cos and sin
+  (batch*seq*head_dim each); then by ``lf_kernels.attention`` backend:
+  flash (``full`` / ``causal`` or a mask equal to one, not packed, no key padding; SDPA's CPU flash
+  kernel with ``enable_gqa``): q (T*d), k and v (T*kv each), the output
+  (T*d, the output projection's input is a view of it) and the float32
+  log-sum-exp (batch*h*seq*4). Dense mask (every other case): k and v
+  expanded to h heads (T*d each) when GQA, the mask as a float tensor
+  (mb*seq*seq, ``mb`` = batch with key padding or packed documents, else 1),
+  the empty-row guard ``row_any`` (mb*seq) and a new output-projection input
+  (T*d), besides q, the SDPA output and the log-sum-exp.
+- MLP: its input; GELU: up output and GELU output (2*T*H); SwiGLU: gate and up
+  outputs, ``silu(gate)`` and the product (4*T*H).
+- TransformerBlock: the sum of its four children (residual adds keep nothing).
+- The multimodal, DiT and video VAE families: :mod:`lf_ir._bytes_video`.
+
+``forward_bytes`` models eager, unfused kernels: every op reads its inputs and
+writes its outputs once, parameters are read once, attention reads q, k, v
+(and a dense mask as bool) and writes its output without materializing scores
+(flash style). Shape-only ops (views, transposes) move nothing.
+"""
+
+from __future__ import annotations
+
+LSE_BYTES = 4
+"""SDPA's log-sum-exp is float32 for float16 / bfloat16 / float32 inputs."""
+
+
+def check_sizes(node, batch: int, seq: int, dtype_bytes: int) -> None:
+    """IRError (via the node) unless batch, seq and dtype_bytes are positive ints."""
+    node._positive(batch=batch, seq=seq, dtype_bytes=dtype_bytes)
+
+
+def norm_saved(kind: str, tokens: int, dim: int, dtype_bytes: int) -> int:
+    """Saved bytes of a LayerNorm (``kind="layer"``) or RMSNorm (``"rms"``) over ``tokens`` rows."""
+    if kind == "layer":
+        return (tokens * dim + 2 * tokens) * dtype_bytes
+    return (2 * tokens * dim + tokens) * max(dtype_bytes, 4)
+
+
+def attention_flash_path(node, mask, seq: int, key_padding: bool) -> bool:
+    """Whether ``lf_kernels.attention`` takes a mask-free SDPA path on the CPU (seq_q == seq_kv, no lse).
+
+    The mask is first reduced to its simplest equivalent (``Mask.canonical``), as the dispatcher does.
+    A bare ``"prefix_lm"`` (prefix length not recorded) is taken to have a prefix, so a dense mask.
+    """
+    if node.mask == "prefix_lm":
+        return False
+    return not key_padding and not mask.packed and mask.canonical(seq).kind in ("full", "causal")
+
+
+def attention_saved(node, mask, batch: int, seq: int, dtype_bytes: int, key_padding: bool) -> int:
+    """Saved bytes of an Attention node (see the module docstring)."""
+    tokens, d, kv = batch * seq, node.dim, node.kv_heads * node.head_dim
+    elems = tokens * d + tokens * d + tokens * d  # input, q, SDPA output
+    if node.rope is not None:
+        elems += 2 * batch * seq * node.head_dim
+    if attention_flash_path(node, mask, seq, key_padding):
+        elems += 2 * tokens * kv
+    else:
+        mask_batch = batch if key_padding or mask.packed else 1
+        elems += 2 * tokens * (d if node.heads != node.kv_heads else kv)
+        elems += mask_batch * seq * seq + mask_batch * seq + tokens * d
+    return elems * dtype_bytes + batch * node.heads * seq * LSE_BYTES
+
+
+def attention_forward(node, mask, batch: int, seq: int, dtype_bytes: int, key_padding: bool) -> int:
+    """Forward memory traffic of an Attention node (see the module docstring)."""
+    tokens, d, kv = batch * seq, node.dim, node.kv_heads * node.head_dim
+    params = sum(_numel(s) for s in node.param_shapes().values())
+    proj = 3 * tokens * d + tokens * (d + 2 * kv) + 2 * tokens * d  # q/k/v read x, write q/k/v; o in/out
+    core = tokens * (d + 2 * kv) + tokens * d  # read q, k, v; write out
+    rope = 0
+    if node.rope is not None:
+        rope = 2 * tokens * (d + kv) + 2 * batch * seq * node.head_dim
+    mask_read = 0
+    if not attention_flash_path(node, mask, seq, key_padding):
+        mask_batch = batch if key_padding or mask.packed else 1
+        mask_read = mask_batch * seq * seq  # bool, 1 byte per entry
+    lse = batch * node.heads * seq * LSE_BYTES
+    return (proj + core + rope + params) * dtype_bytes + mask_read + lse
+
+
+def mlp_saved(node, tokens: int, dtype_bytes: int) -> int:
+    """Saved bytes of an MLP node over ``tokens`` rows."""
+    hidden_copies = 4 if node.activation == "swiglu" else 2
+    return (tokens * node.dim + hidden_copies * tokens * node.hidden) * dtype_bytes
+
+
+def mlp_forward(node, tokens: int, dtype_bytes: int) -> int:
+    """Forward traffic of an MLP node: the projections, the activation and (SwiGLU) the product."""
+    d, hid = node.dim, node.hidden
+    params = sum(_numel(s) for s in node.param_shapes().values())
+    if node.activation == "swiglu":
+        elems = 2 * tokens * (d + hid) + 2 * tokens * hid + 3 * tokens * hid + tokens * (hid + d)
+    else:
+        elems = tokens * (d + hid) + 2 * tokens * hid + tokens * (hid + d)
+    return (elems + params) * dtype_bytes
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def params_bytes(node, dtype_bytes: int) -> int:
+    """Bytes of the node's own parameters at ``dtype_bytes`` per element."""
+    return sum(_numel(s) for s in node.param_shapes().values()) * dtype_bytes
