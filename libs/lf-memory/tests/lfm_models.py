@@ -69,3 +69,28 @@ def block_cases() -> list[tuple[str, torch.nn.Module, tuple, int, bool]]:
         ("llama3", llama.blocks[0],
          (torch.randn(BATCH, LLAMA_SEQ, llama.cfg.dim, generator=gen), llama.mask), LLAMA_SEQ, False),
     ]
+
+
+def qwen_block_cases() -> list[tuple[str, torch.nn.Module, tuple, dict, int, bool]]:
+    """(name, block, args, kwargs, seq, key_padding) for the tiny Qwen2-VL decoder and ViT blocks.
+
+    The ViT block sees one image (one segment: the path the IR's ``MMAttention`` rule models).
+    """
+    from lf_ir._mrope_torch import mrope_cos_sin, vision_rope_cos_sin
+    from lf_ir.recipes.qwen2_vl import Qwen2VLModel, qwen2_vl_config
+
+    with torch.device("meta"):
+        model = Qwen2VLModel(qwen2_vl_config("tiny"))
+    model = materialize(model, "cpu", 0)
+    cfg, gen, seq, patches = model.cfg, torch.Generator().manual_seed(5), 16, 16
+    pos = torch.arange(seq).expand(3, BATCH, seq)
+    cos_sin = mrope_cos_sin(model._mrope, cfg.head_dim, pos, torch.float32)
+    vcos, vsin = vision_rope_cos_sin(model._vision_rope, cfg.vision_head_dim,
+                                     torch.randint(0, 4, (patches, 2), generator=gen))
+    return [
+        ("qwen2_vl.text", model.components["text"].blocks[0],
+         (torch.randn(BATCH, seq, cfg.dim, generator=gen), model.mask, None), {"cos_sin": cos_sin}, seq, False),
+        ("qwen2_vl.vision", model.components["vision"].blocks[0],
+         (torch.randn(1, patches, cfg.vision_dim, generator=gen),),
+         {"cos_sin": (vcos[None], vsin[None]), "segments": [patches]}, patches, False),
+    ]

@@ -74,7 +74,8 @@ def test_stack_prediction_matches_measurement(case, mode, backend):
 def test_llama_block_numbers_by_hand():
     """Oracle: hand arithmetic for tiny Llama 3 (b=2, s=24, d=64, kv=32, H=160, 4 heads, fp32).
     none: 8*T*d + 2*T (rstd) + 2*b*s*hd (cos, sin) + 2*T*kv + b*h*s (lse) + 4*T*H elements;
-    full: T*d; selective: T*d (input) + T*(2d+2kv) + T*d (sdpa) + T*(d+2H) + b*h*s."""
+    full: T*d; selective: T*d (input) + T*(2d+2kv) + T*d (sdpa) + T*(d+2H) + b*h*s;
+    selective_attn: selective less the SDPA output and the lse."""
     node = CASES[2][1].lf_node
     t, d, kv, hidden = BATCH * 24, 64, 32, 160
     none = 8 * t * d + 2 * t + 2 * BATCH * 24 * 16 + 2 * t * kv + BATCH * 4 * 24 + 4 * t * hidden
@@ -82,26 +83,32 @@ def test_llama_block_numbers_by_hand():
     assert block_saved_bytes(node, BATCH, 24, "full") == 4 * t * d
     selective = t * d + t * (2 * d + 2 * kv) + t * d + t * (d + 2 * hidden) + BATCH * 4 * 24
     assert block_saved_bytes(node, BATCH, 24, "selective") == 4 * selective
+    assert block_saved_bytes(node, BATCH, 24, "selective_attn") == 4 * (selective - t * d - BATCH * 4 * 24)
     terms = block_saved_terms(node, BATCH, 24, "none")
-    assert terms["attention.lse"] == BATCH * 4 * 24 * 4 and "attention.mask" not in terms
+    assert terms["attention"] == node.attention.saved_bytes(BATCH, 24, 4) and set(terms) == {
+        "attn_norm", "attention", "mlp_norm", "mlp"}
 
 
-def test_modes_order_and_dtype_scaling():
-    """Oracle: full < selective < none for every tiny block; bf16 halves all but the fp32 lse."""
+def test_modes_order_and_ir_equality():
+    """Oracle: "none" is the IR node's own saved_bytes (float32 and bf16); full < selective_attn <
+    selective < none for every tiny block; the recompute terms halve in bf16 (all but the fp32 lse)."""
     for _, block, _, seq, key_padding in CASES:
         node = block.lf_node
+        for nbytes in (4, 2):
+            assert block_saved_bytes(node, BATCH, seq, "none", key_padding=key_padding, dtype_bytes=nbytes) == \
+                node.saved_bytes(BATCH, seq, nbytes, key_padding=key_padding)
         sizes = [block_saved_bytes(node, BATCH, seq, m, key_padding=key_padding)
-                 for m in ("full", "selective", "none")]
-        assert sizes == sorted(sizes) and len(set(sizes)) == 3
-        half = block_saved_terms(node, BATCH, seq, "none", key_padding=key_padding, dtype_bytes=2)
-        full = block_saved_terms(node, BATCH, seq, "none", key_padding=key_padding)
+                 for m in ("full", "selective_attn", "selective", "none")]
+        assert sizes == sorted(sizes) and len(set(sizes)) == 4
+        half = block_saved_terms(node, BATCH, seq, "selective", dtype_bytes=2)
+        full = block_saved_terms(node, BATCH, seq, "selective")
         assert all(half[k] * 2 == v for k, v in full.items() if k != "attention.lse")
 
 
 def test_bad_arguments_raise():
     """Oracle: the contract (errors name the argument and the value)."""
     node = CASES[0][1].lf_node
-    with pytest.raises(ValueError, match="'every_k'"):
+    with pytest.raises(ValueError, match="got 'every_k'"):
         block_saved_bytes(node, 1, 4, "every_k")
     with pytest.raises(ValueError, match="seq must be >= 1, got 0"):
         block_saved_bytes(node, 1, 0)

@@ -89,9 +89,12 @@ def _apply(
     blocks: nn.ModuleList,
     enabled: bool | Sequence[bool],
     backend: _Backend,
-    context_fn: Callable | None = None,
+    context_fn: Callable | Sequence[Callable | None] | None = None,
 ) -> list[int]:
-    """Checkpoint the chosen blocks; ``context_fn`` (selective checkpointing) goes to the backend."""
+    """Checkpoint the chosen blocks; ``context_fn`` (selective checkpointing) goes to the backend.
+
+    ``context_fn`` is one function for all blocks or a list with one entry (or None) per block.
+    """
     if not isinstance(blocks, nn.ModuleList):
         raise TypeError(f"blocks must be a torch.nn.ModuleList, got {type(blocks).__name__}")
     flags = _resolve_flags(len(blocks), enabled)
@@ -109,12 +112,16 @@ def _apply(
                 "it can be checkpointed only once"
             )
         seen[id(block)] = index
+    per_block = context_fn if isinstance(context_fn, (list, tuple)) else [context_fn] * len(blocks)
+    if len(per_block) != len(blocks):
+        raise ValueError(f"context_fn must have one entry per block ({len(blocks)}), got {len(per_block)}")
     for index in chosen:
+        fn = per_block[index]
         if backend == "composable":
-            extra = {} if context_fn is None else {"context_fn": context_fn}
+            extra = {} if fn is None else {"context_fn": fn}
             _composable_checkpoint(blocks[index], **extra)
         else:
-            _checkpoint_forward(blocks[index], context_fn)
+            _checkpoint_forward(blocks[index], fn)
     return chosen
 
 
