@@ -1,10 +1,61 @@
-"""lf-parallel: parallel plans, process groups and data parallelism for LoongForge."""
+"""lf-parallel: hybrid parallel plans for LoongForge, applied from the IR's annotations.
 
+- :class:`Plan` / :func:`parse_plan` / :func:`check_plan`: dp (replicate x shard, ZeRO
+  stage), tp (+ sp), pp (schedule, virtual stages), cp (ring, Ulysses, both),
+  micro-batch, gradient accumulation, per-component overrides; checked before launch.
+- :func:`build_mesh`: the DeviceMesh a plan implies.
+- :func:`parallelize`: TP/SP from each lowered node's ``tp_dims`` (DTensor
+  ``parallelize_module``), recomputation, then DDP / ZeRO-1 / ZeRO-2 / ZeRO-3 (FSDP2).
+- :func:`split_stages` / :func:`build_pipeline`: pipeline stages balanced by IR cost on
+  ``torch.distributed.pipelining`` schedules.
+- :func:`ring_attention` / :func:`ulysses_attention` / :func:`apply_context_parallel`:
+  context parallelism that runs on CPU (gloo) and supports the IR's mask kinds.
+- :func:`search_plans` / :func:`step_cost` / :func:`make_cluster`: the auto-tuner's
+  cluster description, cost model (compute, alpha-beta communication, bubbles, memory)
+  and ranked search over plans (``lf plan``).
+- :func:`save_checkpoint` / :func:`load_checkpoint`: atomic DCP checkpoints that load
+  under another plan.
+"""
+
+from lf_parallel._calibrate import Calibration, calibrate, default_calibration, load_calibration, save_calibration
+from lf_parallel._checkpoint import MARKER, is_complete, latest_checkpoint, load_checkpoint, save_checkpoint
+from lf_parallel._cluster import GPU_CATALOGUE, Cluster, ClusterError, GPUSpec, detect_cluster, gpu_spec, make_cluster
+from lf_parallel._comm_model import bubble_fraction, bubble_micro_batches, collective_time
+from lf_parallel._context import (
+    ContextParallel,
+    apply_context_parallel,
+    context_attention,
+    gather_sequence,
+    shard_sequence,
+    zigzag_positions,
+)
+from lf_parallel._cost_model import StepCost, step_cost
 from lf_parallel._data_parallel import apply_data_parallel, global_sum, unwrap
 from lf_parallel._dist import DistContext, init_distributed, resolve_device, shutdown
-from lf_parallel._plan import Plan, PlanError, check_plan, choose_plan
+from lf_parallel._mesh import MESH_DIMS, build_mesh, dp_mesh, flat_dp_group, mesh_shape
+from lf_parallel._parallelize import parallelize
+from lf_parallel._pipeline import SCHEDULES, PipelineStageModule, build_pipeline, build_stage_module, pipeline_step
+from lf_parallel._plan import ComponentPlan, Plan, PlanError, check_plan, choose_plan, parse_plan
+from lf_parallel._ring import ring_attention
+from lf_parallel._search import Candidate, NoFeasiblePlan, SearchResult, search_plans
+from lf_parallel._stages import StageSpec, balanced_partition, split_stages, stage_ranks, trunk_component
+from lf_parallel._tensor_parallel import apply_tensor_parallel, tensor_parallel_styles
+from lf_parallel._ulysses import check_ulysses_heads, head_to_seq, seq_to_head, ulysses_attention
+from lf_parallel._zero import apply_zero, build_optimizer, mixed_precision_policy
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-__all__ = ["DistContext", "Plan", "PlanError", "apply_data_parallel", "check_plan",
-           "choose_plan", "global_sum", "init_distributed", "resolve_device", "shutdown", "unwrap"]
+__all__ = [
+    "Calibration", "Candidate", "Cluster", "ClusterError", "ComponentPlan", "ContextParallel", "DistContext",
+    "GPUSpec", "GPU_CATALOGUE", "MARKER", "MESH_DIMS", "NoFeasiblePlan", "PipelineStageModule", "Plan", "PlanError",
+    "SCHEDULES", "SearchResult", "StageSpec", "StepCost", "apply_context_parallel", "apply_data_parallel",
+    "apply_tensor_parallel", "apply_zero", "balanced_partition", "bubble_fraction", "bubble_micro_batches",
+    "build_mesh", "build_optimizer", "build_pipeline", "build_stage_module", "calibrate", "check_plan",
+    "check_ulysses_heads", "choose_plan", "collective_time", "context_attention", "default_calibration",
+    "detect_cluster", "dp_mesh", "flat_dp_group", "gather_sequence", "global_sum", "gpu_spec", "head_to_seq",
+    "init_distributed", "is_complete", "latest_checkpoint", "load_calibration", "load_checkpoint", "make_cluster",
+    "mesh_shape", "mixed_precision_policy", "parallelize", "parse_plan", "pipeline_step", "resolve_device",
+    "ring_attention", "save_calibration", "save_checkpoint", "search_plans", "seq_to_head", "shard_sequence",
+    "shutdown", "split_stages", "stage_ranks", "step_cost", "tensor_parallel_styles", "trunk_component",
+    "ulysses_attention", "unwrap", "zigzag_positions",
+]

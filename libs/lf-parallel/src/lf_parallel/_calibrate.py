@@ -1,0 +1,136 @@
+"""Achieved rates the cost model divides by: defaults from BENCH.md, or measured by a short microbenchmark.
+
+Defaults are the H200 ceilings measured in ``BENCH.md`` (bf16 matmul 8192^3 785
+TFLOP/s; SDPA cuDNN fwd+bwd 529 TFLOP/s causal and 562 full, FlexAttention 374 for
+other masks, all on the FLOPs the mask keeps; device copy 4.23 TB/s read + write;
+NCCL all-reduce 292 GB/s bus bandwidth) as fractions of the H200's datasheet peaks,
+applied to any catalogue GPU. :func:`calibrate` measures the same four things on
+the local GPU in a few seconds and caches them as JSON per device name and torch
+version (``~/.cache/lf/calibration.json``, or ``LF_CACHE_DIR``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import msgspec
+
+from lf_parallel._cluster import GPUSpec
+
+_H200_PEAK, _H200_HBM = 989.4, 4.8
+
+
+class Calibration(msgspec.Struct, frozen=True, kw_only=True):
+    """Achieved rates on one GPU model (what the cost model divides work by)."""
+
+    matmul_tflops: float
+    """Large bf16 matmul, TFLOP/s."""
+    attention_tflops: dict[str, float]
+    """Attention fwd+bwd by mask class (``causal``, ``full``, ``masked``), TFLOP/s on the kept FLOPs
+    (3.5x the forward's, as BENCH.md counts)."""
+    copy_tbps: float
+    """Device-to-device copy, TB/s of bytes read plus written (element-wise ops run at this)."""
+    elementwise_share: float = 0.5
+    """Share of a node's ``forward_bytes`` moved by element-wise kernels, not hidden under matmuls
+    (norms, RoPE, activations, residual adds: 48% of a Llama-3-8B block's traffic)."""
+    model_efficiency: float = 0.76
+    """Achieved share of the rates above inside a real training step (shapes, launches, allocator, eager
+    element-wise chains); fitted once to BENCH.md's plain FSDP2 Llama-3-8B step on 2 H200s (full AC,
+    eager: 7,333 tokens/s/GPU). The GPU check ``bench/autotune_check.py`` measures it again."""
+    kernel_overhead_us: float = 25.0
+    """Launch and tail cost per node per pass (forward or backward), microseconds."""
+    alpha_us: float = 15.0
+    """Latency per collective step (alpha of the alpha-beta model), microseconds."""
+    source: str = "defaults"
+    """``"defaults"`` (BENCH.md ratios) or ``"measured <device>, torch <version>"``."""
+
+
+def default_calibration(gpu: GPUSpec) -> Calibration:
+    """BENCH.md's H200 ratios (achieved / peak) applied to ``gpu``'s datasheet peaks."""
+    scale = gpu.bf16_tflops / _H200_PEAK
+    return Calibration(matmul_tflops=785.0 * scale,
+                       attention_tflops={"causal": 529.0 * scale, "full": 562.0 * scale, "masked": 374.0 * scale},
+                       copy_tbps=4.23 * gpu.hbm_tbps / _H200_HBM)
+
+
+def cache_path() -> Path:
+    """Where measured calibrations are kept (``$LF_CACHE_DIR/calibration.json``, default ``~/.cache/lf``)."""
+    return Path(os.environ.get("LF_CACHE_DIR", Path.home() / ".cache" / "lf")) / "calibration.json"
+
+
+def _key(device_name: str, torch_version: str) -> str:
+    return f"{device_name} | torch {torch_version}"
+
+
+def load_calibration(gpu: GPUSpec, device_name: str | None = None, path: Path | None = None) -> Calibration:
+    """The cached measurement for ``device_name`` and this torch, else :func:`default_calibration`."""
+    import torch
+
+    path = path or cache_path()
+    if device_name and path.is_file():
+        entry = json.loads(path.read_text()).get(_key(device_name, torch.__version__))
+        if entry is not None:
+            return msgspec.convert(entry, Calibration)
+    return default_calibration(gpu)
+
+
+def save_calibration(cal: Calibration, device_name: str, path: Path | None = None) -> Path:
+    """Add ``cal`` to the JSON cache under ``device_name`` and this torch version; returns the file."""
+    import torch
+
+    path = path or cache_path()
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data[_key(device_name, torch.__version__)] = msgspec.to_builtins(cal)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def _timed(fn, repeats: int) -> float:
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeats
+
+
+def calibrate(*, size: int = 8192, seq: int = 8192, repeats: int = 10, save: bool = True) -> Calibration:
+    """Measure matmul, attention (causal and full, fwd+bwd) and copy rates on ``cuda:0``; cache them.
+
+    Raises:
+        RuntimeError: no CUDA device.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("calibrate() needs a CUDA device; on the CPU the BENCH.md defaults are used")
+    dev = torch.device("cuda", 0)
+    a = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
+    matmul = 2 * size ** 3 / _timed(lambda: a @ a, repeats) / 1e12
+    q, k, v = (torch.randn(1, 32, seq, 128, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    rates = {}
+    for kind, causal in (("causal", True), ("full", False)):
+        def step(causal=causal):
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal).sum().backward()
+        kept = 0.5 if causal else 1.0
+        rates[kind] = 3.5 * 4 * seq * seq * 32 * 128 * kept / _timed(step, repeats) / 1e12
+    rates["masked"] = rates["causal"] * 374.0 / 529.0
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    copy = 2 * src.numel() / _timed(lambda: dst.copy_(src), repeats) / 1e12
+    name = torch.cuda.get_device_name(dev)
+    cal = Calibration(matmul_tflops=matmul, attention_tflops=rates, copy_tbps=copy,
+                      source=f"measured {name}, torch {torch.__version__}")
+    if save:
+        save_calibration(cal, name)
+    return cal

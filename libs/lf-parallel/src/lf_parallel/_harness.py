@@ -1,0 +1,262 @@
+"""Correctness harness: a recipe's tiny model trained under parallel plans vs. one process.
+
+A plan is correct when, on the same deterministic weights (``lf_ir.materialize``
+with one seed) and the same fixed random global batch, the losses of every step,
+the gradients of the last step (gathered to full tensors) and the parameters
+after the last AdamW step equal the single-process run's (DESIGN.md, "Testing on
+machines without a GPU"). :func:`run_jobs` spawns one gloo CPU world and runs a
+list of jobs in it (one world serves many plans: process start-up dominates on a
+small machine); the reference runs in the calling process meanwhile.
+
+Relative difference of a tensor: ``max|a - b| / max|b|`` (the worst element against
+the tensor's scale, so entries near zero do not blow it up); of a run: the largest
+over its tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
+
+from lf_parallel._checkpoint import load_checkpoint, save_checkpoint
+from lf_parallel._harness_recipes import HARNESS_RECIPES
+from lf_parallel._mesh import build_mesh
+from lf_parallel._parallelize import parallelize
+from lf_parallel._plan import Plan, parse_plan
+from lf_parallel._plan_check import check_plan
+from lf_parallel._tensor_parallel import loss_parallel_context
+from lf_parallel._zero import build_optimizer
+
+
+class Job(msgspec.Struct, frozen=True, kw_only=True):
+    """One check: train ``recipe``/``size`` under ``plan`` for ``steps`` steps.
+
+    With ``reshard_to`` set, the state after ``steps - 1`` steps is saved with DCP, loaded under the
+    ``reshard_to`` plan, and the last step runs there.
+    """
+
+    recipe: str
+    size: str = "tiny"
+    plan: str
+    steps: int = 3
+    global_batch: int = 4
+    reshard_to: str | None = None
+    seed: int = 0
+    lr: float = 1e-3
+    eps: float = 1e-5
+    """AdamW eps. Adam's update ``g / (|g| + eps)`` multiplies a gradient's float32 round-off by about
+    ``lr / (4 eps)`` where ``|g|`` is near ``eps``; the default 1e-8 makes a few such entries (e.g. tied
+    embedding rows of absent tokens, or value weights) dominate the comparison; 1e-5 keeps the check on
+    the gradients (Adam is unchanged wherever |g| >> 1e-5)."""
+
+
+@dataclasses.dataclass
+class CheckResult:
+    """Differences of one job against the single-process run."""
+
+    job: Job
+    losses: list[float]
+    """Per-step loss under the plan (mean over the global batch)."""
+    ref_losses: list[float]
+    """Per-step loss of the single-process run."""
+    loss_rel: float
+    """max over steps of |loss - ref| / |ref|."""
+    grad_rel: float
+    """max over parameters of max|g - g_ref| / max|g_ref| at the last step."""
+    param_rel: float
+    """Same for the parameters after the last optimizer step."""
+    worst: str
+    """Name of the parameter with the largest gradient difference."""
+    worst_param: str
+    """Name of the parameter with the largest difference after the last step."""
+    shard_fractions: dict[str, float]
+    """On rank 0 after the last step: elements held locally / full elements, for ``params``, ``grads``
+    (last step) and ``optim_state`` (AdamW moments): 1.0 replicated, 1/n sharded n ways."""
+
+    @property
+    def max_rel(self) -> float:
+        return max(self.loss_rel, self.grad_rel, self.param_rel)
+
+
+def resolve_plan(text: str, *, world_size: int, global_batch: int, graph=None) -> Plan:
+    """Parse ``text``, fill ``micro_batch`` from the batch and dp, and check it (raises PlanError)."""
+    plan = parse_plan(text)
+    if "micro_batch" not in text and "mb=" not in text and plan.dp and global_batch % plan.dp == 0:
+        plan = msgspec.structs.replace(plan, micro_batch=global_batch // plan.dp // plan.grad_accum or 1)
+    return check_plan(plan, world_size=world_size, global_batch=global_batch, graph=graph)
+
+
+def _build(job: Job, device: str = "cpu"):
+    from lf_ir import materialize
+
+    recipe = HARNESS_RECIPES[job.recipe]
+    with torch.device("meta"):
+        model = recipe.build(job.size)
+    return materialize(model, device, seed=job.seed), recipe
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().float().clone()
+
+
+def _local_numel(t) -> int:
+    return (t.to_local() if isinstance(t, DTensor) else t).numel() if t is not None else 0
+
+
+def _fractions(model, opt, grads: dict) -> dict[str, float]:
+    full = sum(p.numel() for p in model.parameters())
+    state = getattr(opt, "optim", opt).state.values()
+    moments = sum(_local_numel(v) for s in state for k, v in s.items() if k in ("exp_avg", "exp_avg_sq"))
+    return {"params": sum(_local_numel(p) for p in model.parameters()) / full,
+            "grads": float(grads.pop("__local_numel__")) / full, "optim_state": moments / (2 * full)}
+
+
+def _unwrap(model):
+    return getattr(model, "module", model)
+
+
+def _step(model, recipe, batch, opt, record_grads: bool):
+    with loss_parallel_context():
+        loss = recipe.loss(model, batch)
+        loss.backward()
+    grads = {n: _full(p.grad) for n, p in _unwrap(model).named_parameters()} if record_grads else None
+    if record_grads:
+        grads["__local_numel__"] = torch.tensor(float(sum(_local_numel(p.grad) for p in model.parameters())))
+    opt.step()
+    opt.zero_grad()
+    return _full(loss), grads
+
+
+def _local_batch(batch: dict, plan: Plan, mesh) -> dict:
+    rep, shard = mesh.get_coordinate()[1:3] if mesh is not None else (0, 0)
+    dp_rank = rep * mesh["dp_shard"].size() + shard if mesh is not None else 0
+    n = plan.micro_batch
+    return {k: v[dp_rank * n:(dp_rank + 1) * n] for k, v in batch.items()}
+
+
+def _train(job: Job, plan_text: str, steps: range, world: int, ckpt: Path | None, load: bool):
+    """Run ``steps`` under a plan in this process's world; returns (losses, last grads, params, fractions)."""
+    model, recipe = _build(job)
+    plan = resolve_plan(plan_text, world_size=world, global_batch=job.global_batch, graph=model.graph)
+    batch = recipe.batch(model, job.global_batch, job.seed + 1)
+    mesh = build_mesh(plan) if world > 1 else None
+    if mesh is not None:
+        model = parallelize(model, mesh, plan)
+    opt = build_optimizer(model, mesh, plan, lr=job.lr, eps=job.eps, foreach=False)
+    if load:
+        load_checkpoint(ckpt, model, opt)
+    local = _local_batch(batch, plan, mesh)
+    losses, grads = [], None
+    group = mesh["dp_replicate", "dp_shard"]._flatten("dp_all").get_group() if mesh is not None else None
+    for step in steps:
+        loss, grads = _step(model, recipe, local, opt, record_grads=step == job.steps - 1)
+        if mesh is not None and plan.dp > 1:  # mean over the data-parallel ranks
+            dist.all_reduce(loss, group=group)
+            loss /= plan.dp
+        losses.append(float(loss))
+    if ckpt is not None and not load:
+        save_checkpoint(ckpt, model, opt, extra={"plan": plan.describe()})
+    fractions = _fractions(model, opt, grads) if grads is not None else {}
+    params = {n: _full(p) for n, p in _unwrap(model).named_parameters()}
+    return losses, grads, params, fractions
+
+
+def _run_job(job: Job, world: int, tmp: str, index: int):
+    if job.reshard_to is None:
+        return _train(job, job.plan, range(job.steps), world, None, False)
+    ckpt = Path(tmp) / f"job{index}"
+    first, *_ = _train(job, job.plan, range(job.steps - 1), world, ckpt, False)
+    last, grads, params, fractions = _train(job, job.reshard_to, range(job.steps - 1, job.steps), world, ckpt, True)
+    return first + last, grads, params, fractions
+
+
+def _worker(rank: int, world: int, port: int, jobs: list[Job], out: str, tmp: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        results = []
+        for i, job in enumerate(jobs):
+            t0 = time.time()
+            results.append(_run_job(job, world, tmp, i))
+            if os.environ.get("LF_HARNESS_TIMING") and rank == 0:
+                print(f"job {i} {job.plan}: {time.time() - t0:.1f}s", flush=True)
+        if rank == 0:
+            torch.save(results, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def reference(job: Job):
+    """The single-process run of ``job`` (no process group): (losses, last grads, params, shard fractions)."""
+    return _train(job, f"dp=1,micro_batch={job.global_batch}", range(job.steps), 1, None, False)
+
+
+def _rel(a: dict, b: dict) -> tuple[float, str]:
+    worst, name = 0.0, ""
+    for key, ref in b.items():
+        scale = ref.abs().max().clamp_min(1e-30)
+        diff = float((a[key] - ref).abs().max() / scale)
+        if diff > worst or not name:
+            worst, name = diff, key
+    return worst, name
+
+
+def run_jobs(jobs: list[Job], nproc: int) -> list[CheckResult]:
+    """Run every job in one spawned world of ``nproc`` gloo CPU processes and compare with one process.
+
+    Raises:
+        PlanError: a job's plan (or its ``reshard_to``) is invalid for ``nproc`` processes, before launch.
+        ProcessRaisedException: a worker failed (its traceback is in the message).
+    """
+    for job in jobs:
+        graph, _ = _build_graph_only(job)
+        for text in filter(None, (job.plan, job.reshard_to)):
+            resolve_plan(text, world_size=nproc, global_batch=job.global_batch, graph=graph)
+    with tempfile.TemporaryDirectory(prefix="lf-parallel-check-") as tmp:
+        out = str(Path(tmp) / "results.pt")
+        ctx = mp.start_processes(_worker, args=(nproc, _free_port(), jobs, out, tmp), nprocs=nproc,
+                                 start_method="spawn", join=False)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            refs = [reference(job) for job in jobs]
+        finally:
+            torch.set_num_threads(threads)
+        while not ctx.join():
+            pass
+        runs = torch.load(out, weights_only=True)
+    results = []
+    for job, (losses, grads, params, fractions), (rl, rg, rp, _) in zip(jobs, runs, refs, strict=True):
+        loss_rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, rl, strict=True))
+        grad_rel, worst = _rel(grads, rg)
+        param_rel, worst_param = _rel(params, rp)
+        results.append(CheckResult(job=job, losses=losses, ref_losses=rl, loss_rel=loss_rel, grad_rel=grad_rel,
+                                   param_rel=param_rel, worst=worst, worst_param=worst_param,
+                                   shard_fractions=fractions))
+    return results
+
+
+def _build_graph_only(job: Job):
+    if job.recipe not in HARNESS_RECIPES:
+        raise ValueError(f"--recipe: unknown recipe {job.recipe!r}; expected one of {sorted(HARNESS_RECIPES)}")
+    with torch.device("meta"):
+        model = HARNESS_RECIPES[job.recipe].build(job.size)
+    return model.graph, model
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,103 @@
+"""Tiny models, fixed random batches and losses of the recipes the parallel harness can check.
+
+The only place in lf-parallel that names recipes: it knows how to feed them, not
+how to split them (that comes from the IR).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+LLAMA_SEQ = 16
+"""Tokens per sample of the llama3 harness batches (divisible by tp for sequence parallel)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HarnessRecipe:
+    """How to build, feed and score one recipe."""
+
+    build: Callable[[str], nn.Module]
+    """size -> model built on the current default device (meta in the harness)."""
+    batch: Callable[[nn.Module, int, int], dict]
+    """(model, global_batch, seed) -> dict of tensors, dim 0 = sample."""
+    loss: Callable[[nn.Module, dict], torch.Tensor]
+    """(model, batch) -> mean loss over the batch's tokens (float32 scalar; a DTensor with vocab-parallel
+    logits: call it inside ``loss_parallel_context``)."""
+
+
+def _llama_build(size: str) -> nn.Module:
+    from lf_ir.recipes.llama3 import Llama3Model, llama3_config
+
+    return Llama3Model(llama3_config(size))
+
+
+def _llama_vocab_parallel_build(size: str) -> nn.Module:
+    """llama3 with a vocab-parallel (``tp="row"``) embedding table tied to the head."""
+    import msgspec
+
+    from lf_ir import Embedding
+    from lf_ir.recipes.llama3 import Llama3Model, build_graph, llama3_config
+
+    cfg = llama3_config(size, tie_embeddings=True)
+    graph = build_graph(cfg)
+    text = graph.components[0]
+    nodes = [msgspec.structs.replace(n, tp="row") if isinstance(n, Embedding) else n for n in text.nodes]
+    graph = msgspec.structs.replace(graph, components=[msgspec.structs.replace(text, nodes=nodes)])
+    return Llama3Model(cfg, graph=graph)
+
+
+def _llama_batch(model: nn.Module, batch: int, seed: int) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    return {"ids": torch.randint(0, model.cfg.vocab_size, (batch, LLAMA_SEQ), generator=gen)}
+
+
+def _llama_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    from lf_ir.recipes.llama3 import next_token_loss
+
+    ids = batch["ids"]
+    return next_token_loss(model(ids), ids)
+
+
+def _vla_build(size: str) -> nn.Module:
+    from lf_ir.recipes.vla import VLAModel, vla_config
+
+    return VLAModel(vla_config(size))
+
+
+def _vla_batch(model: nn.Module, batch: int, seed: int) -> dict:
+    cfg = model.cfg
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.ones(batch, cfg.max_instruction_len, dtype=torch.bool)
+    lengths = torch.randint(1, cfg.max_instruction_len + 1, (batch,), generator=gen)
+    mask &= torch.arange(cfg.max_instruction_len) < lengths[:, None]
+    actions = torch.randint(cfg.text_vocab_size, cfg.vocab_size, (batch, cfg.num_action_tokens), generator=gen)
+    return {"image": torch.randint(0, 256, (batch, cfg.image_size, cfg.image_size, 3), generator=gen,
+                                   dtype=torch.uint8),
+            "instruction_ids": torch.randint(0, cfg.text_vocab_size, (batch, cfg.max_instruction_len), generator=gen),
+            "instruction_mask": mask,
+            "state": torch.randn(batch, cfg.state_dim, generator=gen),
+            "actions": actions}
+
+
+def _ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+def _vla_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    actions = batch["actions"]
+    logits = model(batch["image"], batch["instruction_ids"], batch["instruction_mask"], batch["state"],
+                   actions[:, :-1])
+    return _ce(logits, actions)
+
+
+HARNESS_RECIPES: dict[str, HarnessRecipe] = {
+    "llama3": HarnessRecipe(build=_llama_build, batch=_llama_batch, loss=_llama_loss),
+    "llama3_tied_vocab_parallel": HarnessRecipe(build=_llama_vocab_parallel_build, batch=_llama_batch,
+                                                loss=_llama_loss),
+    "vla": HarnessRecipe(build=_vla_build, batch=_vla_batch, loss=_vla_loss),
+}
+"""Recipe name -> how the harness builds and feeds it."""
