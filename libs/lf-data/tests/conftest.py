@@ -7,6 +7,11 @@ import os
 import pytest
 
 os.environ.setdefault("MUJOCO_GL", "osmesa")
+# Tests import metaworld directly (pytest.importorskip), before lf_data.import_sim would load
+# Triton ahead of OSMesa's LLVM: do that first here too (see _mw_env._load_triton_before_osmesa).
+from lf_data._mw_env import _load_triton_before_osmesa  # noqa: E402
+
+_load_triton_before_osmesa()
 
 TASKS = ["reach-v3", "push-v3"]
 EPISODES = 2

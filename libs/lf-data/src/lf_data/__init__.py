@@ -1,4 +1,4 @@
-"""LoongForge data: Meta-World demos, LeRobot v3.0, RLDS/Open X-Embodiment and RLBench readers, tokenizer, sampler.
+"""LoongForge data: Meta-World demos, LeRobot v2.1/v3.0 (video), RLDS/OXE and RLBench readers, packing, balancing.
 
 Names are imported on first use (PEP 562), so ``import lf_data`` stays light and
 data-generation worker processes do not import torch.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _WHERE = {
     "CODEBASE_VERSION": "lerobot",
@@ -30,31 +30,84 @@ _WHERE = {
     "iter_tfrecord": "rlds",
     "parse_example": "rlds",
     "RLBenchDataset": "rlbench",
+    "LeRobotStream": "_lerobot_stream",
+    "delta_indices": "_lerobot_stream",
+    "detect_format": "_lerobot_meta",
+    "load_lerobot_meta": "_lerobot_meta",
+    "LeRobotMeta": "_lerobot_meta",
+    "EpisodeMeta": "_lerobot_meta",
+    "read_video_frames": "_video",
+    "count_frames": "_video",
+    "write_video": "_video",
+    "VideoInfo": "_video",
+    "write_lerobot_video": "_lerobot_video_writer",
+    "PackedBatch": "_packing",
+    "pack_sequences": "_packing",
+    "iter_packed": "_packing",
+    "packed_attention_mask": "_packing",
+    "packing_efficiency": "_packing",
+    "balance_by_cost": "_balance",
+    "sample_costs": "_balance",
+    "row_costs": "_balance",
+    "cost_coefficients": "_balance",
+    "imbalance": "_balance",
+    "inspect_dataset": "_inspect",
+    "convert_dataset": "_inspect",
 }
 
 __all__ = [
     "CODEBASE_VERSION",
     "DataError",
+    "EpisodeMeta",
     "IGNORE_INDEX",
+    "LeRobotDataset",
+    "LeRobotMeta",
+    "LeRobotStream",
+    "METAWORLD_INSTRUCTIONS",
+    "MetaWorldEnv",
+    "PackedBatch",
+    "ResumableSampler",
     "RLBenchDataset",
     "RLDSDataset",
+    "VideoInfo",
     "VLABatchEncoder",
-    "METAWORLD_INSTRUCTIONS",
-    "LeRobotDataset",
-    "MetaWorldEnv",
-    "ResumableSampler",
+    "balance_by_cost",
     "build_instruction_tokenizer",
     "compute_stats",
+    "convert_dataset",
+    "cost_coefficients",
+    "count_frames",
+    "delta_indices",
+    "detect_format",
     "encode_instructions",
     "generate_metaworld",
+    "imbalance",
+    "inspect_dataset",
+    "iter_packed",
     "iter_tfrecord",
+    "load_lerobot_meta",
     "metaworld_episode_seed",
+    "pack_sequences",
+    "packed_attention_mask",
+    "packing_efficiency",
     "parse_example",
+    "read_video_frames",
+    "row_costs",
+    "sample_costs",
     "write_lerobot_v3",
+    "write_lerobot_video",
+    "write_video",
 ]
 
 if TYPE_CHECKING:
+    from ._balance import balance_by_cost, cost_coefficients, imbalance, row_costs, sample_costs
     from ._errors import DataError
+    from ._inspect import convert_dataset, inspect_dataset
+    from ._lerobot_meta import EpisodeMeta, LeRobotMeta, detect_format, load_lerobot_meta
+    from ._lerobot_stream import LeRobotStream, delta_indices
+    from ._lerobot_video_writer import write_lerobot_video
+    from ._packing import PackedBatch, iter_packed, pack_sequences, packed_attention_mask, packing_efficiency
+    from ._video import VideoInfo, count_frames, read_video_frames, write_video
     from ._vla_batch import IGNORE_INDEX, VLABatchEncoder
     from .lerobot import CODEBASE_VERSION, LeRobotDataset, compute_stats, write_lerobot_v3
     from .metaworld import METAWORLD_INSTRUCTIONS, MetaWorldEnv, generate_metaworld, metaworld_episode_seed

@@ -1,0 +1,96 @@
+"""inspect_dataset and convert_dataset: LeRobot v2.1 (video) -> v3.0, RLDS -> LeRobot v3.0, statistics check."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("av")
+
+from test_lerobot_video import CAM, FEATURES, LENGTHS, _episodes  # noqa: E402
+
+from lf_data import LeRobotDataset, compute_stats  # noqa: E402
+from lf_data._inspect import convert_dataset, inspect_dataset  # noqa: E402
+from lf_data._lerobot_video_writer import write_lerobot_video  # noqa: E402
+
+
+@pytest.fixture
+def v21(tmp_path):
+    eps = _episodes()
+    return write_lerobot_video(tmp_path / "v21", eps, version="v2.1", fps=10, features=FEATURES), eps
+
+
+def test_convert_v21_video_to_v3_reads_back(v21, tmp_path):
+    """Oracle: the arrays written to the v2.1 dataset (lossless mp4 -> PNG), read by LeRobotDataset."""
+    root, eps = v21
+    out = convert_dataset(root, tmp_path / "v3")
+    assert out == {"format": "lerobot-v2.1", "episodes": 3, "skipped": {}, "problems": []}
+    ds = LeRobotDataset(tmp_path / "v3", image_key=CAM)
+    assert len(ds) == sum(LENGTHS) and ds.fps == 10
+    i = 0
+    for ep in eps:
+        for t in range(len(ep["frames"]["action"])):
+            item = ds[i]
+            np.testing.assert_array_equal(item["image"].numpy(), ep["frames"][CAM][t])
+            np.testing.assert_array_equal(item["actions"][0].numpy(), ep["frames"]["action"][t])
+            assert item["task"] == ep["task"]
+            i += 1
+    assert inspect_dataset(tmp_path / "v3")["problems"] == []
+
+
+def test_convert_skips_bad_episode(v21, tmp_path):
+    """Oracle: episode 1's video is deleted; skip writes the other two and reports the file."""
+    root, _ = v21
+    (root / f"videos/chunk-000/{CAM}/episode_000001.mp4").unlink()
+    with pytest.raises(ValueError, match="episode_000001.mp4: video of feature"):
+        convert_dataset(root, tmp_path / "a")
+    out = convert_dataset(root, tmp_path / "b", on_error="skip")
+    assert out["episodes"] == 2 and out["skipped"] == {"missing_file": 1}
+
+
+def test_inspect_recomputes_stats_and_reports_problems(v21, tmp_path):
+    """Oracle: compute_stats of the written actions; a tampered stats.json and a NaN are reported by name."""
+    root, eps = v21
+    rep = inspect_dataset(root)
+    assert (rep["format"], rep["episodes"], rep["frames"], rep["fps"]) == ("lerobot-v2.1", 3, sum(LENGTHS), 10)
+    assert rep["features"][CAM] == {"dtype": "video", "shape": [16, 16, 3]} and rep["problems"] == []
+    want = compute_stats(np.concatenate([e["frames"]["action"] for e in eps]))
+    np.testing.assert_allclose(rep["stats"]["action"]["mean"], want["mean"], rtol=1e-12)
+    convert_dataset(root, tmp_path / "v3")
+    stats_path = tmp_path / "v3/meta/stats.json"
+    stats = json.loads(stats_path.read_text())
+    stats["action"]["mean"][0] += 0.5
+    stats_path.write_text(json.dumps(stats))
+    rep = inspect_dataset(tmp_path / "v3")
+    assert len(rep["problems"]) == 1 and "stats['action']['mean']" in rep["problems"][0]
+    bad = tmp_path / "bad"
+    shutil.copytree(root, bad)
+    (bad / "meta/episodes.jsonl").write_text((bad / "meta/episodes.jsonl").read_text().replace(
+        '"tasks": ["pick the cube"]', '"tasks": []', 1))
+    rep = inspect_dataset(bad)
+    assert rep["skipped"] == {"missing_instruction": 1}
+    assert "episode 0 has no language instruction" in rep["problems"][0]
+
+
+def test_convert_rlds_to_v3(tmp_path):
+    """Oracle: RLDSDataset's own samples of the source (images, first action, state, task)."""
+    pytest.importorskip("tfrecord")
+    from test_rlds import _bridge
+
+    from lf_data import RLDSDataset
+
+    root, _, _ = _bridge(tmp_path)
+    out = convert_dataset(root, tmp_path / "v3", fps=5)
+    assert out["format"] == "rlds" and out["episodes"] == 3
+    src, dst = RLDSDataset(root), LeRobotDataset(tmp_path / "v3")
+    assert len(src) == len(dst) and dst.fps == 5
+    for i in range(len(src)):
+        a, b = src[i], dst[i]
+        for key in ("image", "state"):
+            np.testing.assert_array_equal(a[key].numpy(), b[key].numpy())
+        np.testing.assert_array_equal(a["actions"][0].numpy(), b["actions"][0].numpy())
+        assert (a["task"], a["frame_index"]) == (b["task"], b["frame_index"])
+    assert inspect_dataset(root)["format"] == "rlds"
