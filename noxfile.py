@@ -20,7 +20,7 @@ TORCH = "torch==2.13.0"
 # Library -> (folder, install extras, LoongForge libraries it depends on), in dependency order.
 LIBS: dict[str, tuple[str, str, list[str]]] = {
     "lf-tokenize-action": ("libs/lf-tokenize-action", "", []),
-    "lf-kernels": ("libs/lf-kernels", "", []),
+    "lf-kernels": ("libs/lf-kernels", "[test]", []),
     "lf-ir": ("libs/lf-ir", "[test]", ["lf-kernels"]),
     "lf-memory": ("libs/lf-memory", "", ["lf-kernels", "lf-ir"]),
     "lf-parallel": ("libs/lf-parallel", "", ["lf-kernels", "lf-ir", "lf-memory"]),
