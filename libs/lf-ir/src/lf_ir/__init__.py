@@ -49,6 +49,7 @@ from lf_ir._nodes import (
                           TransformerBlock,
 )
 from lf_ir._nodes_dit import DiTAttention, DiTBlock
+from lf_ir._nodes_expert import ActionTimeEmbed, JointAttentionBlock
 from lf_ir._nodes_flow import FlowMatchingLoss
 from lf_ir._nodes_mm import MMAttention, MMBlock
 from lf_ir._nodes_vae import CausalConv3D, ChannelRMSNorm, VAEAttention, VAEResample, VAEResBlock
@@ -60,12 +61,14 @@ from lf_ir.recipes import RECIPES
 from lf_ir.recipes.llama3 import Llama3Config, Llama3Model, llama3_config, next_token_loss
 from lf_ir.recipes.qwen2_vl import Qwen2VLConfig, Qwen2VLModel, qwen2_vl_config
 from lf_ir.recipes.vla import VLAConfig, VLAModel, vla_config
+from lf_ir.recipes.vla_flow import VLAFlowConfig, VLAFlowModel, vla_flow_config
 from lf_ir.recipes.wan_dit import WanDiTConfig, WanDiTModel, latent_grid, video_tokens, wan_dit_config
 from lf_ir.recipes.wan_vae import WanVAE, WanVAEConfig, decode_flops, encode_flops, latent_shape, wan_vae_config
 
 __version__ = "0.3.0"
 
 __all__ = [
+    "ActionTimeEmbed", "JointAttentionBlock", "VLAFlowConfig", "VLAFlowModel", "vla_flow_config",
     "AdaLNHead", "AdaLNModulation", "Attention", "CausalConv3D", "ChannelRMSNorm", "Component", "ComponentCost",
     "ComponentModule", "DiTAttention", "DiTBlock", "Edge", "Embedding", "FeedForward", "FlowMatchingLoss", "Graph",
     "GraphCost", "IRError", "LearnedPositional", "Linear", "Llama3Config", "Llama3Model", "LMHead", "LMHeadModule",
