@@ -53,7 +53,8 @@ def tests(session: nox.Session, lib: str) -> None:
 def lint(session: nox.Session) -> None:
     """ruff over every library, app and the benchmarks."""
     session.install("ruff>=0.6")
-    session.run("ruff", "check", "libs", "apps", "noxfile.py")
+    session.run("ruff", "check", "libs", "apps", "bench", "noxfile.py")
+    session.run("python", "bench/report.py", "--check")
 
 
 @nox.session

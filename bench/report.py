@@ -1,0 +1,132 @@
+"""Generate BENCHMARKS.md from the committed JSON results in ``bench/results/``.
+
+    python bench/report.py            # writes BENCHMARKS.md at the repository root
+    python bench/report.py --check    # exits 1 if BENCHMARKS.md is not what the results give
+
+Every table is computed from the files; nothing is typed in by hand. A result file
+is rendered by the renderer named after its benchmark (file-name prefix); a file
+without one is listed with its metadata so that nothing is silently dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+OUT = ROOT / "BENCHMARKS.md"
+
+
+def _table(header: list[str], rows: list[list[object]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _meta(d: dict) -> str:
+    keys = ("device", "torch", "triton", "commit")
+    return ", ".join(f"{k} {d[k]}" for k in keys if d.get(k)) or "no metadata"
+
+
+def _llama3_parallel(d: dict) -> list[str]:
+    rows = []
+    for name, r in d["plans"].items():
+        rows.append([f"lf `{name}`", r["recompute"], f"{r['tokens_per_s_per_gpu']:,.0f}", f"{r['tflops_per_gpu']:.0f}",
+                     f"{100 * r['mfu']:.1f}%", f"{r['peak_mem_gib']:.1f}", r["loss_falling"]])
+    for name, r in d.get("peer", {}).items():
+        rows.append([f"peer: plain {name}", "-", f"{r['tokens_per_s_per_gpu']:,.0f}", f"{r['tflops_per_gpu']:.0f}",
+                     f"{100 * r['mfu']:.1f}%", f"{r['peak_mem_gib']:.1f}", r["loss_falling"]])
+    head = [f"{d['model']}, seq {d['seq']}, micro-batch {d['micro_batch']}, {d['world_size']} GPUs; "
+            f"median of {d['steps']} steps after {d['warmup']} warm-up. MFU: 6(N - N_emb) + 12 L d S FLOPs per "
+            "token against 989.4 TFLOP/s.", ""]
+    return head + _table(["plan", "recompute", "tokens/s/GPU", "TFLOP/s/GPU", "MFU", "peak GiB", "loss falls"], rows)
+
+
+def _attention(d: dict) -> list[str]:
+    rows = []
+    for case in d["cases"]:
+        for name, r in case["results"].items():
+            ratio = next((v for k, v in r.items() if k.startswith("speedup")), "")
+            rows.append([case["case"], case["seq"], f"{case['heads']}x{case['head_dim']}",
+                         f"{case['keep_fraction']:.4f}", name, f"{r['ms']:.2f}", f"{r['tflops']:.0f}", ratio])
+    return (["bf16, forward + backward, TFLOP/s on unmasked FLOPs; ratio against the case's baseline.", ""]
+            + _table(["case", "seq", "heads", "kept", "backend", "ms", "TFLOP/s", "ratio"], rows))
+
+
+def _fused_ops(d: dict) -> list[str]:
+    rows = []
+    for name, r in d["elementwise"].items():
+        cells = [f"{r[k]['fwd_GBps']:.0f} / {r[k]['bwd_GBps']:.0f}" for k in ("triton", "eager", "compile")]
+        rows.append([name, *cells])
+    lines = [f"Bandwidth GB/s (forward / backward), bytes read + written; copy ceiling "
+             f"{d['peak_GBps_assumed']:.0f} GB/s.", ""]
+    lines += _table(["op / shape", "triton", "eager", "torch.compile"], rows)
+    ce = d["fused_linear_cross_entropy"]
+    lines += [f"Fused linear cross-entropy, {ce['tokens']} tokens, hidden {ce['hidden']}, vocab {ce['vocab']:,}:", ""]
+    lines += _table(["", "fwd+bwd ms", "extra peak GiB"],
+                    [[k, f"{ce[k]['fwd_bwd_ms']:.1f}", f"{ce[k]['peak_extra_GiB']:.2f}"] for k in ("fused", "eager")])
+    return lines
+
+
+def _vae_encode(d: dict) -> list[str]:
+    rows = [[r["dtype"], f"{r['lf']['ms']:.0f}", f"{r['diffusers']['ms']:.0f}",
+             f"{r['speedup_lf_over_diffusers']:.2f}x", f"{r['lf']['peak_gib']:.2f} / {r['diffusers']['peak_gib']:.2f}"]
+            for r in d["runs"]]
+    return ([f"Wan2.1 VAE encode, shape {d['shape']}, {d['encode_tflop']:.0f} TFLOP per clip.", ""]
+            + _table(["dtype", "lf ms", "diffusers ms", "speed-up", "peak GiB lf / diffusers"], rows))
+
+
+def _autotune(d: dict) -> list[str]:
+    rows = []
+    for p in d["plans"]:
+        m, pred = p["measured"], p["predicted_calibrated"]
+        rows.append([p["plan"], p["recompute"], f"{m['step_s']:.3f}", f"{pred['step_s']:.3f}",
+                     f"{100 * (pred['step_s'] / m['step_s'] - 1):+.1f}%", f"{m['peak_gib']:.1f}",
+                     f"{p['predicted_default']['peak_gib']:.1f}"])
+    return ([f"{d['model']}, seq {d['seq']}, global batch {d['global_batch']}, {d['cluster']}.", ""]
+            + _table(["plan", "recompute", "measured s/step", "predicted s/step", "error", "measured peak GiB",
+                      "predicted peak GiB"], rows))
+
+
+RENDERERS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
+    "llama3_parallel": ("Llama-3-8B under lf-parallel plans vs a plain FSDP2 peer", _llama3_parallel),
+    "attention": ("Attention dispatcher vs SDPA and FlexAttention", _attention),
+    "fused_ops": ("Fused Triton ops", _fused_ops),
+    "vae_encode": ("Wan VAE encode vs diffusers", _vae_encode),
+    "autotune_check": ("Auto-tuner: predicted vs measured", _autotune),
+}
+
+
+def render() -> str:
+    """The whole BENCHMARKS.md text from every ``bench/results/*.json``."""
+    lines = ["# Benchmarks", "", "Generated by `python bench/report.py` from `bench/results/*.json`; do not edit.", ""]
+    for path in sorted(RESULTS.glob("*.json")):
+        data = json.loads(path.read_text())
+        key = next((k for k in RENDERERS if path.stem.startswith(k)), None)
+        title, fn = RENDERERS[key] if key else (path.stem, None)
+        lines += [f"## {title}", "", f"`bench/results/{path.name}`: {_meta(data)}.", ""]
+        lines += fn(data) if fn else ["(no renderer for this file)", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if BENCHMARKS.md is stale")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        if not OUT.exists() or OUT.read_text() != text:
+            print(f"{OUT} is stale: run python bench/report.py", file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(text)
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
