@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/ensure-osmesa.sh
+# A one-node Slurm cluster on localhost, so `lf launch --backend slurm` runs a real job in the tests
+# (best effort: without root or the Debian packages that one test is skipped, and says so).
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  bash scripts/ci-slurm.sh || echo "warning: local Slurm did not start; the Slurm launch test will be skipped" >&2
+fi
 python3 -m pip install -q "nox>=2024.4"
 export MUJOCO_GL="${MUJOCO_GL:-osmesa}"
 exec python3 -m nox -s lint tests "$@"

@@ -81,7 +81,9 @@ def test_cli_process_reports_bad_key_in_one_line(tmp_path):
 
 def test_version_and_schema():
     out = runner.invoke(app, ["--version"])
-    assert out.exit_code == 0 and out.output.strip() == "lf 0.2.0"
+    import lf_orchestrator
+
+    assert out.exit_code == 0 and out.output.strip() == f"lf {lf_orchestrator.__version__}" == "lf 0.3.0"
     schema = runner.invoke(app, ["config", "schema"])
     assert schema.exit_code == 0 and '"TrainSection"' in schema.output
 

@@ -62,3 +62,53 @@ def test_convert_errors_name_the_folder(tmp_path):
     assert r.exit_code == 2 and "not an lf model folder" in r.output
     r = runner.invoke(app, ["convert", "import-hf", str(tmp_path), str(tmp_path / "o"), "--recipe", "vla"])
     assert r.exit_code == 2 and "no HF converter for 'vla'" in r.output
+
+
+def test_ir_show_json_totals_components_and_batch():
+    """Oracle: the IR's own graph functions and graph_cost on the same graph."""
+    from lf_ir._graph import backward_flops, forward_flops
+    from lf_ir._table import graph_cost
+    from lf_ir.recipes.llama3 import build_graph, llama3_config
+
+    out = runner.invoke(app, ["ir", "show", "--recipe", "llama3", "--size", "tiny", "--seq", "32",
+                              "--batch", "4", "--dtype-bytes", "4", "--json"])
+    assert out.exit_code == 0, out.output
+    d = json.loads(out.output)
+    g = build_graph(llama3_config("tiny"), seq_len=32)
+    fwd, bwd = forward_flops(g, 1), backward_flops(g, 1)
+    assert d["forward_flops_per_sample"] == fwd and d["train_flops_per_sample"] == fwd + bwd
+    assert d["forward_flops_per_token"] == fwd / 32 and d["train_flops_per_token"] == (fwd + bwd) / 32
+    assert d["main_component"] == "text" and d["tokens_per_sample"] == 32
+    comp = graph_cost(g, batch=4, dtype_bytes=4).components[0]
+    assert d["components"][0]["saved_bytes"] == comp.saved_bytes == d["saved_bytes_per_batch"]
+    assert d["forward_flops_unmasked_per_sample"] < fwd  # causal keeps (s + 1) / 2s of the scores
+
+
+def test_ir_show_picks_up_any_registered_recipe(monkeypatch):
+    """A recipe registered in lf_ir.recipes.RECIPES appears without editing the command."""
+    import types
+
+    from lf_ir.recipes import RECIPES
+    from lf_ir.recipes import vla as vla_recipe
+
+    fake = types.SimpleNamespace(mini_config=lambda size: vla_recipe.vla_config("tiny"),
+                                 build_graph=vla_recipe.build_graph)
+    monkeypatch.setitem(RECIPES, "mini", fake)
+    out = runner.invoke(app, ["ir", "show", "--recipe", "mini", "--size", "any"])
+    assert out.exit_code == 0, out.output
+    assert "'backbone'" in out.output and "FLOPs per token" in out.output and "saved MiB" in out.output
+    bad = runner.invoke(app, ["ir", "show", "--recipe", "mini", "--size", "any", "--seq", "8"])
+    assert bad.exit_code == 2 and "the mini recipe's sequence length follows from its config" in bad.output
+    bad = runner.invoke(app, ["ir", "show", "--recipe", "nope", "--size", "x"])
+    assert bad.exit_code == 2 and "'mini'" in bad.output and "'llama3'" in bad.output
+
+
+def test_ir_show_every_recipe_tiny_runs():
+    """Every registered recipe with a 'tiny' size prints its table (the generic path, new recipes included)."""
+    from lf_ir.recipes import RECIPES
+
+    for name in RECIPES:
+        out = runner.invoke(app, ["ir", "show", "--recipe", name, "--size", "tiny", "--json"])
+        assert out.exit_code == 0, (name, out.output)
+        d = json.loads(out.output)
+        assert d["params"] == sum(c["params"] for c in d["components"]) and d["train_flops_per_sample"] > 0

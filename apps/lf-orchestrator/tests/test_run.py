@@ -92,6 +92,36 @@ def test_recompute_modes_train_identically(tiny_config, tmp_path, mode):
     assert losses["none"] == losses[mode]
 
 
+def test_auto_recompute_and_offload_train_identically(tiny_config, tmp_path):
+    """Oracle: the same run without recomputation or offload. The budget is set half-way between the
+    activation bytes of all-full and of no recomputation (lf-memory's planner costs), so the plan mixes."""
+    from lf_memory._planner import plan_recompute
+    from lf_orchestrator.config import ConfigError
+    from lf_orchestrator.trainer import Trainer
+    from lf_parallel import init_distributed
+
+    ctx = init_distributed("cpu")
+    base = ["eval.at_end=false", "train.steps=2", "train.warmup_steps=1"]
+    with pytest.raises(ConfigError, match='memory.budget_gib: expected a number > 0 with memory.recompute = "auto"'):
+        load_config(tiny_config, [*base, "memory.recompute='auto'"])
+    (tmp_path / "none").mkdir()
+    ref = Trainer(load_config(tiny_config, base), tmp_path / "none", ctx)
+    graph, mb = ref.model.graph, ref.plan.micro_batch
+    bytes_of = [plan_recompute(graph, 2**50, mb, None, 4, key_padding={"backbone"}, options=opts).saved_bytes
+                for opts in (("full",), ("none", "full"))]
+    params = sum(p.numel() for p in ref.model.parameters())
+    gib = (16 * params + sum(bytes_of) / 2) / 2**30
+    ref.fit()
+    cfg = load_config(tiny_config, [*base, "memory.recompute='auto'", f"memory.budget_gib={gib!r}",
+                                    "memory.offload=true"])
+    (tmp_path / "auto").mkdir()
+    trainer = Trainer(cfg, tmp_path / "auto", ctx)
+    assert trainer.recompute_plan.fits and 0 < len(trainer.recomputed) <= len(trainer.model.blocks)
+    assert set(trainer.recompute_plan.block_options()) != {"full"}
+    trainer.fit()
+    assert _losses(tmp_path / "none") == _losses(tmp_path / "auto")
+
+
 def test_resume_continues_exactly(tiny_config, tmp_path):
     """Stop after step 4 (checkpoint at 3), resume: steps 4..6 equal the uninterrupted run."""
     from lf_orchestrator.trainer import Trainer

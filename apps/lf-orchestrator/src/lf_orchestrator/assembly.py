@@ -1,4 +1,4 @@
-"""Build the pieces of a VLA run from a config: data encoder and model.
+"""Build the pieces of a VLA run from a config: data encoder and model (token ``vla`` or flow ``vla_flow``).
 
 Used by training and by evaluation, so both see the same tokenizers,
 normalization and model shape. Everything a run needs to act again is written
@@ -6,8 +6,11 @@ to (and read back from) its run folder:
 
     instruction_tokenizer.json   HF tokenizers file
     action_tokenizer.json        lf-tokenize-action binning tokenizer
-    normalization.json           state mean/std
-    model.json                   the VLA recipe config and its IR graph
+    normalization.json           state mean/std (vla_flow: and action mean/std)
+    model.json                   the recipe name, its config and its IR graph
+
+A ``vla_flow`` run has no action tokenizer: its actions are continuous, normalized
+by the dataset's mean/std (:mod:`lf_orchestrator.flow_batch`).
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from tokenizers import Tokenizer
 
 from lf_data import LeRobotDataset, VLABatchEncoder, build_instruction_tokenizer
 from lf_ir import VLAConfig, VLAModel, materialize, to_json, vla_config
+from lf_ir.recipes.vla_flow import VLAFlowConfig, VLAFlowModel, vla_flow_config
 from lf_orchestrator.checkpoint import write_text_atomic
 from lf_orchestrator.config import Config, ConfigError
+from lf_orchestrator.flow_batch import FlowBatchEncoder
 from lf_tokenize_action import BinningTokenizer
 
 STATE_KEY, ACTION_KEY = "observation.state", "action"
@@ -35,8 +40,12 @@ def _stats(dataset: LeRobotDataset, key: str) -> dict[str, list[float]]:
     return dataset.stats[key]
 
 
-def build_encoder(cfg: Config, dataset: LeRobotDataset) -> VLABatchEncoder:
-    """Fit the tokenizers and state normalization on ``dataset`` (fresh runs)."""
+def build_encoder(cfg: Config, dataset: LeRobotDataset) -> VLABatchEncoder | FlowBatchEncoder:
+    """Fit the tokenizers and the normalization on ``dataset`` (fresh runs)."""
+    if cfg.model.recipe == "vla_flow":
+        state, action = _stats(dataset, STATE_KEY), _stats(dataset, ACTION_KEY)
+        return FlowBatchEncoder(build_instruction_tokenizer(dataset.tasks), state["mean"], state["std"],
+                                action["mean"], action["std"], max_instruction_len=cfg.data.max_instruction_len)
     tok = cfg.action_tokenizer
     action_tokenizer = BinningTokenizer.fit(_stats(dataset, ACTION_KEY), n_bins=tok.n_bins,
                                             bounds=tok.bounds)
@@ -46,8 +55,11 @@ def build_encoder(cfg: Config, dataset: LeRobotDataset) -> VLABatchEncoder:
                            max_instruction_len=cfg.data.max_instruction_len)
 
 
-def save_encoder(encoder: VLABatchEncoder, run_dir: Path) -> None:
+def save_encoder(encoder: VLABatchEncoder | FlowBatchEncoder, run_dir: Path) -> None:
     """Write the encoder's tokenizers and normalization into ``run_dir``."""
+    if isinstance(encoder, FlowBatchEncoder):
+        encoder.save(run_dir)
+        return
     run_dir = Path(run_dir)
     write_text_atomic(run_dir / "instruction_tokenizer.json",
                       encoder.instruction_tokenizer.to_str())
@@ -56,8 +68,10 @@ def save_encoder(encoder: VLABatchEncoder, run_dir: Path) -> None:
         {"state_mean": encoder.state_mean.tolist(), "state_std": encoder.state_std.tolist()}))
 
 
-def load_encoder(cfg: Config, run_dir: Path) -> VLABatchEncoder:
+def load_encoder(cfg: Config, run_dir: Path) -> VLABatchEncoder | FlowBatchEncoder:
     """The encoder a run saved (FileNotFoundError naming the missing file)."""
+    if cfg.model.recipe == "vla_flow":
+        return FlowBatchEncoder.load(run_dir, cfg.data.max_instruction_len)
     run_dir = Path(run_dir)
     for name in ("instruction_tokenizer.json", "action_tokenizer.json", "normalization.json"):
         if not (run_dir / name).is_file():
@@ -69,9 +83,14 @@ def load_encoder(cfg: Config, run_dir: Path) -> VLABatchEncoder:
                            max_instruction_len=cfg.data.max_instruction_len)
 
 
-def model_config(cfg: Config, encoder: VLABatchEncoder) -> VLAConfig:
+def model_config(cfg: Config, encoder: VLABatchEncoder | FlowBatchEncoder) -> VLAConfig | VLAFlowConfig:
     """The recipe config implied by the run config and the fitted encoder."""
     try:
+        if cfg.model.recipe == "vla_flow":
+            return vla_flow_config(cfg.model.size, **{
+                "image_size": cfg.data.image_size, "text_vocab_size": encoder.text_vocab_size,
+                "max_instruction_len": cfg.data.max_instruction_len, "state_dim": int(encoder.state_mean.shape[0]),
+                "action_dim": encoder.action_dim, "action_horizon": cfg.data.action_horizon, **cfg.model.overrides})
         return vla_config(cfg.model.size, **{
             "image_size": cfg.data.image_size,
             "text_vocab_size": encoder.text_vocab_size,
@@ -85,21 +104,21 @@ def model_config(cfg: Config, encoder: VLABatchEncoder) -> VLAConfig:
         raise ConfigError(f"model: {err}") from None
 
 
-def build_model(vla_cfg: VLAConfig, device: torch.device, seed: int) -> VLAModel:
-    """Lower the VLA graph on the meta device, then materialize it on ``device``."""
+def build_model(vla_cfg: VLAConfig | VLAFlowConfig, device: torch.device, seed: int) -> VLAModel | VLAFlowModel:
+    """Lower the VLA graph (token or flow, by the config type) on the meta device and materialize it on ``device``."""
     with torch.device("meta"):
-        model = VLAModel(vla_cfg)
+        model = VLAFlowModel(vla_cfg) if isinstance(vla_cfg, VLAFlowConfig) else VLAModel(vla_cfg)
     return materialize(model, device, seed)
 
 
-def save_model_spec(model: VLAModel, run_dir: Path) -> None:
-    """``model.json``: the recipe config and IR graph, for people and for `lf eval`."""
-    spec = {"recipe": "vla", "config": msgspec.to_builtins(model.cfg),
+def save_model_spec(model: VLAModel | VLAFlowModel, run_dir: Path) -> None:
+    """``model.json``: the recipe name, config and IR graph, for people and for `lf eval`."""
+    spec = {"recipe": model.graph.recipe, "config": msgspec.to_builtins(model.cfg),
             "graph": json.loads(to_json(model.graph))}
     write_text_atomic(Path(run_dir) / "model.json", json.dumps(spec, indent=1))
 
 
-def load_model_config(run_dir: Path) -> VLAConfig:
-    """The VLAConfig stored in a run's ``model.json``."""
+def load_model_config(run_dir: Path) -> VLAConfig | VLAFlowConfig:
+    """The recipe config stored in a run's ``model.json`` (VLAFlowConfig for a ``vla_flow`` run)."""
     spec = json.loads((Path(run_dir) / "model.json").read_text())
-    return msgspec.convert(spec["config"], VLAConfig)
+    return msgspec.convert(spec["config"], VLAFlowConfig if spec.get("recipe") == "vla_flow" else VLAConfig)

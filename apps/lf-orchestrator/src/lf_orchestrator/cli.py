@@ -19,22 +19,36 @@ from rich.table import Table
 
 from lf_orchestrator import __version__
 from lf_orchestrator.config import ConfigError, check_resume_overrides, json_schema, load_config, to_toml
+from lf_orchestrator.data_cmd import data_app
+from lf_orchestrator.families import FAMILY_RECIPES
 from lf_orchestrator.ir_cmd import convert_app, ir_app
+from lf_orchestrator.launch_cmd import launch
+from lf_orchestrator.parallel_cmd import parallel_app
+from lf_orchestrator.plan_cmd import memory_cmd, plan_cmd
+from lf_orchestrator.sample_cmd import sample_cmd
 from lf_orchestrator.tokenize_cmd import tokenize_app
 
 app = typer.Typer(help="LoongForge: train multimodal models from one config file.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 config_app = typer.Typer(help="Show or describe run configs.", no_args_is_help=True)
-data_app = typer.Typer(help="Make datasets (robot demonstrations).", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(data_app, name="data")
 app.add_typer(tokenize_app, name="tokenize")
 app.add_typer(ir_app, name="ir")
 app.add_typer(convert_app, name="convert")
+app.add_typer(parallel_app, name="parallel")
+app.command("plan")(plan_cmd)
+app.command("memory")(memory_cmd)
+app.command()(launch)
+app.command("sample")(sample_cmd)
 console = Console(stderr=True)
 
 SetOpt = Annotated[Optional[list[str]], typer.Option(
     "--set", help="Override a config value: section.key=value (TOML value).")]
+
+
+PREEMPTED_EXIT = 143
+"""Exit code of a run stopped by SIGTERM after saving (128 + SIGTERM, as a shell reports it)."""
 
 
 def _fail(message: str) -> None:
@@ -97,9 +111,14 @@ def run(config: Annotated[Optional[Path], typer.Argument(
             help="Run config (TOML). Omitted: the embedded Meta-World VLA default.")] = None,
         overrides: SetOpt = None,
         resume: Annotated[Optional[Path], typer.Option(
-            help="Continue the run in this folder from its latest checkpoint.")] = None):
+            help="Continue the run in this folder from its latest checkpoint.")] = None,
+        run_dir: Annotated[Optional[Path], typer.Option(
+            help="Run in this folder: continue it from its latest checkpoint if it has one, else start "
+                 "it there (`lf launch` workers use it, so restarts resume the run).")] = None):
     """Train a model from one config file, then evaluate it."""
     try:
+        if resume is not None and run_dir is not None:
+            _fail("give either --resume or --run-dir, not both")
         if resume is not None:
             if config is not None:
                 _fail(f"give either a CONFIG or --resume, not both (a resumed run uses "
@@ -126,14 +145,33 @@ def run(config: Annotated[Optional[Path], typer.Argument(
     except ValueError as err:
         _fail(str(err))
     try:
-        _train_and_eval(cfg, ctx, resume)
+        if run_dir is not None:
+            resume = _resume_point(run_dir, ctx)
+        if cfg.model.recipe in FAMILY_RECIPES:  # llm / vlm / video: the recipe trainer
+            from lf_orchestrator.recipe_trainer import run_family
+
+            run_family(cfg, ctx, resume, run_dir, console, _new_run_dir)
+        else:
+            _train_and_eval(cfg, ctx, resume, run_dir)
     except (ConfigError, PlanError, IRError, ValueError, FileNotFoundError) as err:
         _fail(str(err))
     finally:
         shutdown(ctx)
 
 
-def _train_and_eval(cfg, ctx, resume: Optional[Path]) -> None:
+def _resume_point(run_dir: Path, ctx) -> Optional[Path]:
+    """``run_dir`` when it holds a complete checkpoint (rank 0 decides for every rank), else None."""
+    from lf_orchestrator.checkpoint import latest_checkpoint
+
+    found = [latest_checkpoint(run_dir) is not None]
+    if ctx.distributed:
+        import torch.distributed as dist
+
+        dist.broadcast_object_list(found, src=0)
+    return run_dir if found[0] else None
+
+
+def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = None) -> None:
     import msgspec
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -143,7 +181,10 @@ def _train_and_eval(cfg, ctx, resume: Optional[Path]) -> None:
     # Resolve the dataset path now, so a resumed or evaluated run finds it from any folder.
     cfg = msgspec.structs.replace(cfg, data=msgspec.structs.replace(
         cfg.data, path=str(Path(cfg.data.path).resolve())))
-    run_dir = resume if resume is not None else _new_run_dir(cfg, ctx)
+    if run_dir is None:
+        run_dir = resume if resume is not None else _new_run_dir(cfg, ctx)
+    elif ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
     if ctx.is_main:
         console.print(f"run folder: [bold]{run_dir}[/]")
         if resume is None:
@@ -178,10 +219,16 @@ def _train_and_eval(cfg, ctx, resume: Optional[Path]) -> None:
 
         def on_step(step: int, s: dict) -> None:
             speed["tok"] = s.get("perf/tokens_per_s", speed["tok"])
+            acc = f"acc {s['train/token_accuracy']:.2f} " if "train/token_accuracy" in s else ""
             progress.update(bar, completed=step, info=f"loss {s['train/loss']:.3f} "
-                            f"acc {s['train/token_accuracy']:.2f} {speed['tok']:,.0f} tok/s")
+                            f"{acc}{speed['tok']:,.0f} tok/s")
 
         summary = trainer.fit(on_step)
+    if summary.get("preempted"):
+        if ctx.is_main:
+            console.print(f"SIGTERM: saved step {summary['steps']} and stopped; continue with "
+                          f"`lf run --resume {run_dir}`")
+        raise typer.Exit(PREEMPTED_EXIT)
     if not ctx.is_main:
         return
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=1))
@@ -224,33 +271,6 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
         _fail(str(err))
     print_eval(report)
     console.print(f"report: {run_dir / out_name}")
-
-
-@data_app.command("metaworld")
-def data_metaworld(
-        out: Annotated[Path, typer.Option(help="Output folder (LeRobot v3.0 dataset).")],
-        tasks: Annotated[str, typer.Option(help="Comma-separated Meta-World tasks.")] = "reach-v3",
-        episodes_per_task: Annotated[int, typer.Option(help="Episodes per task.")] = 20,
-        image_size: Annotated[int, typer.Option(help="Camera image side, pixels.")] = 64,
-        max_steps: Annotated[int, typer.Option(help="Episode step limit.")] = 150,
-        workers: Annotated[int, typer.Option(help="Generation processes.")] = 2,
-        seed: Annotated[int, typer.Option(help="Base reset seed.")] = 0):
-    """Record Meta-World scripted-expert demonstrations as a LeRobot v3.0 dataset."""
-    from rich.progress import Progress
-
-    from lf_data import generate_metaworld
-
-    with Progress(console=console) as progress:
-        bar = progress.add_task("demonstrations", total=None)
-        try:
-            path = generate_metaworld(out, tasks=[t.strip() for t in tasks.split(",")],
-                                      episodes_per_task=episodes_per_task, image_size=image_size,
-                                      max_steps=max_steps, seed=seed, workers=workers,
-                                      progress=lambda d, t: progress.update(bar, completed=d,
-                                                                            total=t))
-        except ValueError as err:
-            _fail(str(err))
-    console.print(f"dataset: {path}")
 
 
 @config_app.command("show")

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from lf_orchestrator.families.sections import CorpusSection, VideoSection, VLMSection
+
 
 class ConfigError(ValueError):
     """A config that cannot run; the message names the file and the dotted key."""
@@ -73,8 +75,9 @@ class ActionTokenizerSection(_Section):
 
 
 class ModelSection(_Section):
-    recipe: Literal["vla"] = "vla"
-    """IR recipe."""
+    recipe: Literal["vla", "vla_flow", "llama3", "qwen2_vl", "wan_dit"] = "vla"
+    """IR recipe: ``vla`` (action tokens, cross-entropy) or ``vla_flow`` (pi0-style flow-matching action expert);
+    ``llama3`` / ``qwen2_vl`` / ``wan_dit`` train the llm / vlm / video families (``lf_orchestrator.families``)."""
     size: str = "small"
     """Named size of the recipe."""
     overrides: dict[str, int] = msgspec.field(default_factory=dict)
@@ -102,13 +105,34 @@ class TrainSection(_Section):
     """Steps between checkpoints."""
     keep_checkpoints: int = 2
     """Checkpoints kept (oldest deleted)."""
+    on_nonfinite: Literal["stop", "skip", "rollback"] = "stop"
+    """NaN/inf loss or gradient norm: ``stop`` the run, ``skip`` the update, or ``rollback`` to the latest
+    checkpoint without replaying the batches since (see ``lf_orchestrator.faults``)."""
+    hang_timeout_s: float = 0.0
+    """Seconds without a finished step after which the watchdog dumps all stacks (0 disables)."""
+    on_hang: Literal["abort", "dump"] = "abort"
+    """After the hang dump: ``abort`` exits (so torchrun restarts from the checkpoint) or only ``dump``."""
+    lora_rank: int = 0
+    """LoRA rank (llm/vlm/video families; 0 = off): matching nn.Linear get a low-rank adapter, base frozen."""
+    lora_alpha: float = 16.0
+    """LoRA scale numerator: the adapter output is multiplied by ``lora_alpha / lora_rank``."""
+    lora_targets: list[str] = msgspec.field(default_factory=lambda: ["*.q", "*.v"])
+    """fnmatch patterns of the module names LoRA wraps (``components.`` prefix optional)."""
+    freeze: list[str] = msgspec.field(default_factory=list)
+    """fnmatch patterns of parameter names to freeze (e.g. ``"vision.*"``; ``components.`` prefix optional)."""
 
 
 class MemorySection(_Section):
-    recompute: Literal["none", "full", "selective", "every_k"] = "none"
-    """Activation recomputation of transformer blocks (lf-memory ``apply_recompute``)."""
+    recompute: Literal["none", "full", "selective", "every_k", "auto"] = "none"
+    """Activation recomputation of transformer blocks (lf-memory ``apply_recompute``); ``auto``: the
+    knapsack planner (``plan_recompute``) picks per block under ``memory.budget_gib``."""
     recompute_every: int = 2
     """With ``every_k``: recompute every k-th block."""
+    budget_gib: float = 0.0
+    """With ``recompute = "auto"``: memory per GPU, GiB; activations get what weights, gradients and
+    AdamW state (16 bytes per parameter) leave. Required (> 0) with ``auto``."""
+    offload: bool = False
+    """Keep the activations saved for backward in (pinned) host memory (``save_on_cpu``)."""
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     """Compute precision (lf-memory); ``auto`` is bf16 on GPUs that support it; ``fp16`` adds dynamic loss scaling."""
 
@@ -122,6 +146,9 @@ class ParallelSection(_Section):
     """Manual plan: samples per process per micro-step; auto: the largest allowed."""
     grad_accum: int = 1
     """Manual plan: micro-batches per step."""
+    spec: str = ""
+    """llm/vlm/video families, manual plan: an lf-parallel plan string (e.g. ``"tp=2,zero=3"``), parsed and
+    checked against the model before launch; overrides ``dp``/``micro_batch``/``grad_accum``."""
 
 
 class EvalSection(_Section):
@@ -148,6 +175,9 @@ class Config(_Section):
     memory: MemorySection = MemorySection()
     parallel: ParallelSection = ParallelSection()
     eval: EvalSection = EvalSection()
+    corpus: CorpusSection = CorpusSection()
+    vlm: VLMSection = VLMSection()
+    video: VideoSection = VideoSection()
 
 
 DEFAULT_NAME = "metaworld_vla.toml"
@@ -248,10 +278,14 @@ def check_config(cfg: Config, where: str = "config") -> Config:
                        ("parallel.grad_accum", cfg.parallel.grad_accum)]:
         _require(value >= 1, where, key, "an integer >= 1", value)
     _require(t.lr > 0, where, "train.lr", "a number > 0", t.lr)
+    _require(cfg.memory.recompute != "auto" or cfg.memory.budget_gib > 0, where, "memory.budget_gib",
+             'a number > 0 with memory.recompute = "auto"', cfg.memory.budget_gib)
+    _require(cfg.memory.budget_gib >= 0, where, "memory.budget_gib", "a number >= 0", cfg.memory.budget_gib)
     _require(0 <= t.min_lr_ratio <= 1, where, "train.min_lr_ratio", "a number in [0, 1]",
              t.min_lr_ratio)
     _require(t.warmup_steps >= 0, where, "train.warmup_steps", "an integer >= 0", t.warmup_steps)
     _require(t.grad_clip >= 0, where, "train.grad_clip", "a number >= 0", t.grad_clip)
+    _require(t.hang_timeout_s >= 0, where, "train.hang_timeout_s", "a number >= 0 (0 disables)", t.hang_timeout_s)
     _require(cfg.run.threads >= 0, where, "run.threads", "an integer >= 0", cfg.run.threads)
     for key, value in [("run.seed", cfg.run.seed), ("data.seed", d.seed), ("eval.seed", e.seed),
                        ("train.weight_decay", t.weight_decay)]:
@@ -291,25 +325,37 @@ def _check_model(cfg: Config, where: str) -> None:
     """Build the recipe config (no torch) so bad sizes and overrides fail before any work."""
     import msgspec as _msgspec
 
-    from lf_ir.recipes.vla import SIZES, VLAConfig
+    from lf_orchestrator.families import FAMILY_RECIPES, check_family
 
     m = cfg.model
+    if m.recipe in FAMILY_RECIPES:
+        return check_family(cfg, where)
+    if m.recipe == "vla_flow":
+        from lf_ir.recipes._vla_flow_graph import SIZES, build_graph
+        from lf_ir.recipes._vla_flow_graph import VLAFlowConfig as RecipeConfig
+
+        if cfg.action_tokenizer != ActionTokenizerSection():
+            raise ConfigError(f"{where}: action_tokenizer: does not apply to model.recipe = 'vla_flow' (its actions "
+                              f"are continuous, normalized by the dataset mean/std); remove the section")
+    else:
+        from lf_ir.recipes.vla import SIZES, build_graph
+        from lf_ir.recipes.vla import VLAConfig as RecipeConfig
     if m.size not in SIZES:
-        raise ConfigError(f"{where}: model.size: expected one of {sorted(SIZES)}, got {m.size!r}")
-    fields = set(VLAConfig.__struct_fields__)
+        raise ConfigError(f"{where}: model.size: expected one of {sorted(SIZES)}, got {m.size!r} "
+                          f"(sizes of recipe {m.recipe!r})")
+    fields = set(RecipeConfig.__struct_fields__)
     bad = sorted(set(m.overrides) - fields)
     if bad:
-        raise ConfigError(f"{where}: model.overrides: unknown field {bad[0]!r}; "
+        raise ConfigError(f"{where}: model.overrides: unknown field {bad[0]!r} for recipe {m.recipe!r}; "
                           f"fields: {sorted(fields)}")
     try:
-        from lf_ir.recipes.vla import build_graph
-
-        build_graph(VLAConfig(**{**SIZES[m.size], **m.overrides}))
+        build_graph(RecipeConfig(**{**SIZES[m.size], **m.overrides}))
     except (ValueError, TypeError, _msgspec.ValidationError) as err:
         raise ConfigError(f"{where}: model: {err}") from None
 
 
 RESUME_KEYS = ("train.steps", "train.log_every", "train.ckpt_every", "train.keep_checkpoints",
+               "train.on_nonfinite", "train.hang_timeout_s", "train.on_hang",
                "run.device", "run.threads", "eval.")
 """Keys ``--set`` may change on ``--resume``; the rest are fixed by the checkpoint."""
 

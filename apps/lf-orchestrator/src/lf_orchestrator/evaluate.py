@@ -1,7 +1,8 @@
 """Closed-loop evaluation: the trained VLA drives the robot in Meta-World.
 
-Each policy step decodes an action chunk (``action_horizon`` steps of action
-tokens), unnormalizes it with the run's action tokenizer and executes it in the
+Each policy step decodes an action chunk (``action_horizon`` steps: action tokens
+unnormalized by the run's action tokenizer, or for ``vla_flow`` a chunk integrated
+from noise and unnormalized by the action mean/std) and executes it in the
 simulator (open-loop within the chunk, as in ACT / OpenVLA-OFT chunking). Episodes
 of one task run as a batch of environments stepped in lock-step, so one
 model call serves every active episode. A uniform random policy is measured
@@ -38,10 +39,15 @@ class Policy(Protocol):
 
 
 class VLAPolicy:
-    """A trained run's model and encoder, acting greedily."""
+    """A trained run's model and encoder: greedy action tokens (``vla``) or a sampled flow (``vla_flow``).
 
-    def __init__(self, model, encoder, device: torch.device, precision):
+    A flow model integrates from Gaussian noise drawn from a CPU generator seeded with
+    ``noise_seed`` (the run's ``eval.seed``), so an evaluation repeats exactly.
+    """
+
+    def __init__(self, model, encoder, device: torch.device, precision, noise_seed: int = 0):
         self.model, self.encoder, self.device, self.precision = model, encoder, device, precision
+        self.generator = torch.Generator().manual_seed(noise_seed)
         self.horizon = model.cfg.action_horizon
         self.needs_images = True
         self.model.eval()
@@ -63,16 +69,19 @@ class VLAPolicy:
         encoder = assembly.load_encoder(cfg, run_dir)
         model = assembly.build_model(assembly.load_model_config(run_dir), device, cfg.run.seed)
         model.load_state_dict(load_checkpoint(ckpt, device)[0])
-        return cls(model, encoder, device, resolve_precision(cfg.memory.precision, device))
+        return cls(model, encoder, device, resolve_precision(cfg.memory.precision, device), cfg.eval.seed)
 
     @torch.no_grad()
     def act(self, images: np.ndarray, states: np.ndarray, texts: Sequence[str]) -> np.ndarray:
         batch = self.encoder.observation(images, states, texts)
         batch = {k: v.to(self.device) for k, v in batch.items()}
         with self.precision.autocast(self.device.type):
-            ids = self.model.generate(batch["image"], batch["instruction_ids"],
-                                      batch["instruction_mask"], batch["state"])
-        return self.encoder.decode_actions(ids)
+            obs = (batch["image"], batch["instruction_ids"], batch["instruction_mask"], batch["state"])
+            if hasattr(self.model, "sample_actions"):  # flow matching: normalized action chunks
+                out = self.model.sample_actions(*obs, generator=self.generator)
+            else:  # action tokens
+                out = self.model.generate(*obs)
+        return self.encoder.decode_actions(out)
 
 
 class RandomPolicy:
@@ -161,7 +170,7 @@ def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = 
               image_size=cfg.data.image_size)
     t0 = time.perf_counter()
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        pending = pool.submit(_random_baseline, tasks, policy.encoder.action_tokenizer.action_dim,
+        pending = pool.submit(_random_baseline, tasks, policy.model.cfg.action_dim,
                               policy.horizon, kw) if baseline else None
         vla = {task: rollout(policy, task, **kw) for task in tasks}
         rnd = pending.result() if pending is not None else {}

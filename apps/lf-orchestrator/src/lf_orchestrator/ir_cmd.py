@@ -13,7 +13,6 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 ir_app = typer.Typer(help="Inspect model graphs of the unified IR.", no_args_is_help=True)
 convert_app = typer.Typer(help="Convert checkpoints between lf and Hugging Face formats.",
@@ -27,57 +26,89 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _recipe_module(recipe: str):
+    from lf_ir.recipes import RECIPES
+
+    if recipe not in RECIPES:
+        raise ValueError(f"--recipe: unknown recipe {recipe!r}; expected one of {sorted(RECIPES)}")
+    return RECIPES[recipe]
+
+
 def build_recipe_graph(recipe: str, size: str, seq: Optional[int]):
-    """(recipe config, IR graph, tokens per sample) for a named recipe and size.
+    """(recipe config, IR graph, main component name) for any recipe of ``lf_ir.recipes.RECIPES``.
+
+    The recipe module must offer ``<recipe>_config(size)`` (or ``config(size)``) and
+    ``build_graph(cfg)``; ``seq`` is passed as ``build_graph(cfg, seq_len=seq)`` when
+    ``build_graph`` takes ``seq_len``. The main component is the one with the most
+    forward FLOPs: its ``seq_len`` is the "tokens per sample" FLOPs per token refer to.
 
     Raises:
         ValueError: unknown recipe or size, or ``seq`` for a recipe whose length is fixed.
     """
-    from lf_ir.recipes import llama3, vla
+    import inspect
 
-    if recipe == "llama3":
-        cfg = llama3.llama3_config(size)
-        graph = llama3.build_graph(cfg, seq)
-        return cfg, graph, seq or cfg.max_seq_len
-    if recipe == "vla":
-        if seq is not None:
-            raise ValueError("--seq: the vla recipe's sequence length follows from its config")
-        cfg = vla.vla_config(size)
-        return cfg, vla.build_graph(cfg), cfg.seq_len
-    raise ValueError(f"--recipe: unknown recipe {recipe!r}; expected one of ['llama3', 'vla']")
+    from lf_ir import IRError
+    from lf_ir._cost import node_forward_flops
+
+    module = _recipe_module(recipe)
+    factory = getattr(module, f"{recipe}_config", None) or getattr(module, "config", None)
+    if factory is None:
+        raise ValueError(f"--recipe: recipe {recipe!r} has no {recipe}_config(size) factory")
+    cfg = factory(size)
+    takes_seq = "seq_len" in inspect.signature(module.build_graph).parameters
+    if seq is not None and not takes_seq:
+        raise ValueError(f"--seq: the {recipe} recipe's sequence length follows from its config")
+    if seq is not None and seq <= 0:
+        raise ValueError(f"--seq: must be a positive number of tokens, got {seq}")
+    try:
+        graph = module.build_graph(cfg, seq_len=seq) if seq is not None else module.build_graph(cfg)
+    except IRError as err:
+        raise ValueError(f"recipe {recipe} size {size}: {err}") from err
+    main = max(graph.components, key=lambda c: sum(node_forward_flops(n, 1, c.seq_len) for n in c.nodes))
+    return cfg, graph, main.name
 
 
 @ir_app.command("show")
-def show(recipe: Annotated[str, typer.Option(help="Recipe name: llama3 or vla.")],
+def show(recipe: Annotated[str, typer.Option(help="Recipe name (any of lf_ir.recipes.RECIPES).")],
          size: Annotated[str, typer.Option(help="Named size, e.g. tiny, 1B, 8B, 70B, small.")],
-         seq: Annotated[Optional[int], typer.Option(help="Tokens per sample (llama3).")] = None,
-         as_json: Annotated[bool, typer.Option("--json", help="Print the graph and totals as JSON.")] = False):
-    """Parameter count, FLOPs per token and per sample, and the per-component table."""
+         seq: Annotated[Optional[int], typer.Option(help="Tokens per sample, for recipes whose "
+                                                         "build_graph takes seq_len.")] = None,
+         batch: Annotated[int, typer.Option(help="Samples per micro-batch for the table.")] = 1,
+         dtype_bytes: Annotated[int, typer.Option(help="Bytes per activation element (2 bf16, 4 fp32).")] = 2,
+         as_json: Annotated[bool, typer.Option("--json", help="Print the totals, the table and the graph "
+                                                               "as JSON.")] = False):
+    """Parameter count, FLOPs per token and per sample (fwd, fwd+bwd), and the per-component table."""
     import msgspec
 
-    from lf_ir import forward_flops, param_count, summary_rows, to_json
+    from lf_ir import to_json
+    from lf_ir._table import cost_table, graph_cost
 
+    if batch <= 0 or dtype_bytes <= 0:
+        _fail(f"--batch and --dtype-bytes must be positive, got {batch} and {dtype_bytes}")
     try:
-        cfg, graph, tokens = build_recipe_graph(recipe, size, seq)
+        cfg, graph, main = build_recipe_graph(recipe, size, seq)
     except ValueError as err:
         _fail(str(err))
-    params, fwd = param_count(graph), forward_flops(graph, batch=1)
-    totals: dict[str, Any] = {"recipe": recipe, "size": size, "tokens_per_sample": tokens,
-                              "params": params, "forward_flops_per_sample": fwd,
-                              "train_flops_per_sample": 3 * fwd,
-                              "train_flops_per_token": 3 * fwd / tokens}
+    per_sample = graph_cost(graph, batch=1, dtype_bytes=dtype_bytes)
+    cost = per_sample if batch == 1 else graph_cost(graph, batch=batch, dtype_bytes=dtype_bytes)
+    tokens = graph.component(main).seq_len
+    fwd, bwd = per_sample.total("forward_flops"), per_sample.total("backward_flops")
+    totals: dict[str, Any] = {
+        "recipe": recipe, "size": size, "batch": batch, "dtype_bytes": dtype_bytes,
+        "main_component": main, "tokens_per_sample": tokens, "params": per_sample.total("params"),
+        "forward_flops_per_sample": fwd, "train_flops_per_sample": fwd + bwd,
+        "forward_flops_per_token": fwd / tokens, "train_flops_per_token": (fwd + bwd) / tokens,
+        "forward_flops_unmasked_per_sample": per_sample.total("forward_flops_unmasked"),
+        "saved_bytes_per_batch": cost.total("saved_bytes"),
+    }
     if as_json:
-        print(json.dumps({**totals, "config": msgspec.to_builtins(cfg),
-                          "graph": json.loads(to_json(graph))}))
+        print(json.dumps({**totals, "components": msgspec.to_builtins(cost.components),
+                          "config": msgspec.to_builtins(cfg), "graph": json.loads(to_json(graph))}))
         return
-    table = Table(title=f"{recipe} {size}: {params:,} parameters, {tokens:,} tokens per sample")
-    for col in ("component", "modality", "seq", "params", "fwd FLOPs / sample"):
-        table.add_column(col, justify="left" if col in ("component", "modality") else "right")
-    for name, modality, comp_seq, comp_params, flops in summary_rows(graph):
-        table.add_row(name, modality, f"{comp_seq:,}", f"{comp_params:,}", f"{flops:.4g}")
-    Console().print(table)
-    print(f"training FLOPs per token (forward + backward, dense attention): "
-          f"{totals['train_flops_per_token']:.4g}")
+    print(f"{recipe} {size}: {totals['params']:,} parameters; {tokens:,} tokens per sample ({main!r})")
+    print(f"FLOPs per sample: forward {fwd:.4g}, forward + backward {fwd + bwd:.4g} (dense attention)")
+    print(f"FLOPs per token:  forward {fwd / tokens:.4g}, forward + backward {(fwd + bwd) / tokens:.4g}")
+    print(cost_table(cost))
 
 
 @convert_app.command("import-hf")

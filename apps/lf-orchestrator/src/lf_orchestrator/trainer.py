@@ -5,6 +5,13 @@ build on meta -> materialize -> activation recomputation (lf-memory) ->
 data parallel (lf-parallel) -> optimizer. Losses are normalized by the number
 of target tokens of the whole global batch (all micro-batches, all ranks), so
 gradient accumulation and data parallelism give the gradient of one large batch.
+
+The trainer knows no recipe: every model offers ``loss_normalizer(batch)`` (target
+units: action tokens for ``vla``, action values for ``vla_flow``) and
+``training_loss(batch) -> (loss summed over them, {metric: sum})``. Each batch
+carries ``sample_seed`` (n,) from (run seed, step, dataset index), so a recipe
+that draws noise (flow matching) draws the same for a sample however the step is
+split over micro-batches and processes, and a resumed run repeats it exactly.
 """
 
 from __future__ import annotations
@@ -16,15 +23,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lf_data import LeRobotDataset, ResumableSampler, generate_metaworld
+from lf_ir.recipes.vla_flow import sample_seeds
 from lf_memory import DynamicLossScaler, apply_recompute, resolve_precision
+from lf_memory._offload import offload_activations
+from lf_memory._planner import RecomputePlan, plan_recompute
 from lf_orchestrator import assembly
 from lf_orchestrator.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from lf_orchestrator.config import Config
+from lf_orchestrator.config import Config, ConfigError
+from lf_orchestrator.faults import RolledBack, SigtermFlag, apply_nonfinite_policy, nonfinite_reason
 from lf_orchestrator.metrics import MetricsLogger, plot_loss_curve
+from lf_orchestrator.watchdog import Watchdog
 from lf_parallel import DistContext, Plan, apply_data_parallel, check_plan, choose_plan, global_sum
 
 StepCallback = Callable[[int, dict[str, float]], None]
@@ -53,6 +64,26 @@ def make_plan(cfg: Config, ctx: DistContext) -> Plan:
                       world_size=ctx.world_size, global_batch=cfg.train.global_batch)
 
 
+def make_recompute_plan(cfg: Config, model: nn.Module, micro_batch: int, precision) -> RecomputePlan | None:
+    """With ``memory.recompute = "auto"``: the knapsack plan for the activation budget, else None.
+
+    The budget is ``memory.budget_gib`` less 16 bytes per parameter (float32 weights and gradients, AdamW's
+    two moments). Raises ConfigError when not even full recomputation fits.
+    """
+    m = cfg.memory
+    if m.recompute != "auto":
+        return None
+    params = sum(p.numel() for p in model.parameters())
+    budget = int(m.budget_gib * 2**30) - 16 * params
+    dtype_bytes = precision.compute_dtype.itemsize
+    plan = plan_recompute(model.graph, max(budget, 0), micro_batch, None, dtype_bytes, key_padding={"backbone"})
+    if not plan.fits:
+        raise ConfigError(f"memory.budget_gib: {m.budget_gib} GiB leaves {budget / 2**30:.3f} GiB for activations "
+                          f"but even full recomputation keeps {plan.saved_bytes / 2**30:.3f} GiB "
+                          f"(micro-batch {micro_batch})")
+    return plan
+
+
 def make_optimizer(model: nn.Module, cfg: Config):
     """AdamW (decay on matrices only) with linear warm-up and cosine decay."""
     t = cfg.train
@@ -69,6 +100,17 @@ def make_optimizer(model: nn.Module, cfg: Config):
         return t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+class TrainingLoss(nn.Module):
+    """``forward(batch) = model.training_loss(batch)``, so data parallelism wraps the loss computation."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: dict[str, torch.Tensor]):
+        return self.model.training_loss(batch)
 
 
 class Trainer:
@@ -93,11 +135,12 @@ class Trainer:
         self.model = assembly.build_model(vla_cfg, ctx.device, cfg.run.seed)
         if ctx.is_main:
             assembly.save_model_spec(self.model, self.run_dir)
-        self.recomputed = apply_recompute(nn.ModuleList(self.model.blocks), cfg.memory.recompute,
-                                          every=cfg.memory.recompute_every)
         self.precision = resolve_precision(cfg.memory.precision, ctx.device)
-        self.scaler = DynamicLossScaler(ctx.device.type, enabled=self.precision.needs_loss_scaling)
         self.plan = make_plan(cfg, ctx)
+        self.recompute_plan = make_recompute_plan(cfg, self.model, self.plan.micro_batch, self.precision)
+        self.recomputed = apply_recompute(nn.ModuleList(self.model.blocks), cfg.memory.recompute,
+                                          every=cfg.memory.recompute_every, plan=self.recompute_plan)
+        self.scaler = DynamicLossScaler(ctx.device.type, enabled=self.precision.needs_loss_scaling)
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg)
         self.sampler = ResumableSampler(len(self.dataset), batch_size=self.plan.micro_batch,
                                         seed=cfg.run.seed, rank=ctx.rank,
@@ -105,7 +148,7 @@ class Trainer:
         self.step = 0
         if ckpt is not None:
             self._restore(ckpt)
-        self.ddp_model = apply_data_parallel(self.model, ctx)
+        self.ddp_model = apply_data_parallel(TrainingLoss(self.model), ctx)
         self._indices = iter(self.sampler)
 
     def _restore(self, path: Path) -> None:
@@ -133,32 +176,33 @@ class Trainer:
     def _micro_batch(self) -> dict[str, torch.Tensor]:
         idx = [next(self._indices) for _ in range(self.plan.micro_batch)]
         batch = self.encoder.collate([self.dataset[i] for i in idx])
+        batch["sample_seed"] = sample_seeds(self.cfg.run.seed, self.step, idx)
         return {k: v.to(self.ctx.device, non_blocking=True) for k, v in batch.items()}
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step over ``grad_accum`` micro-batches; returns its scalars."""
         batches = [self._micro_batch() for _ in range(self.plan.grad_accum)]
-        local_tokens = sum(int((b["labels"] != -100).sum()) for b in batches)
+        local_tokens = sum(int(self.model.loss_normalizer(b)) for b in batches)
         tokens = global_sum(torch.tensor(float(local_tokens), device=self.ctx.device), self.ctx)
         # DDP averages gradients over ranks, so scale by world size to get sum / global tokens.
         denom = tokens.clamp(min=1.0) / self.ctx.world_size
         loss_sum = torch.zeros((), device=self.ctx.device)
-        correct = torch.zeros((), device=self.ctx.device)
+        sums: dict[str, torch.Tensor] = {}  # the recipe's extra metrics (e.g. correct tokens), summed
         self.ddp_model.train()
         for b in batches:
-            with self.precision.autocast(self.ctx.device.type):
-                logits = self.ddp_model(b["image"], b["instruction_ids"], b["instruction_mask"],
-                                        b["state"], b["action_in_ids"])
-            logits = logits.float()
-            loss = F.cross_entropy(logits.flatten(0, 1), b["labels"].flatten(), reduction="sum",
-                                   ignore_index=-100)
+            with self.precision.autocast(self.ctx.device.type), \
+                    offload_activations(self.ctx.device, enabled=self.cfg.memory.offload):
+                loss, metrics = self.ddp_model(b)
             self.scaler.scale(loss / denom).backward()
             loss_sum += loss.detach()
-            valid = b["labels"] != -100
-            correct += ((logits.argmax(-1) == b["labels"]) & valid).sum()
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, torch.zeros((), device=self.ctx.device)) + value.detach()
         clip = self.cfg.train.grad_clip
         self.scaler.unscale_(self.optimizer)  # no-op unless fp16: clip the true gradients
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else 1e30)
+        bad = nonfinite_reason(global_sum(loss_sum, self.ctx), grad_norm, check_grad=not self.scaler.enabled)
+        if bad is not None:
+            return apply_nonfinite_policy(self, bad, float(grad_norm))
         self.scaler.step(self.optimizer)  # skipped when fp16 gradients hold inf/NaN
         skipped = self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -166,9 +210,11 @@ class Trainer:
         if not skipped:  # the schedule counts applied updates
             self.scheduler.step()
         self.step += 1
-        stats = global_sum(torch.stack([loss_sum, correct]), self.ctx)
-        return {"train/loss": float(stats[0] / tokens), "train/token_accuracy":
-                float(stats[1] / tokens), "train/grad_norm": float(grad_norm), "train/lr": lr,
+        names = sorted(sums)
+        stats = global_sum(torch.stack([loss_sum, *(sums[k].to(loss_sum.dtype) for k in names)]), self.ctx)
+        return {"train/loss": float(stats[0] / tokens),
+                **{f"train/{k}": float(stats[i + 1] / tokens) for i, k in enumerate(names)},
+                "train/grad_norm": float(grad_norm), "train/lr": lr,
                 "train/target_tokens": float(tokens),
                 **({f"train/{k}": float(v) for k, v in self.scaler.log_fields().items()}
                    if self.scaler.enabled else {})}
@@ -180,9 +226,21 @@ class Trainer:
         start_step, t0 = self.step, time.perf_counter()
         last: dict[str, float] = {}
         window_tokens, window_t = 0.0, time.perf_counter()
+        sigterm, preempted = SigtermFlag(), False
+        sigterm.install()
+        watchdog = (Watchdog(t.hang_timeout_s, self.run_dir / f"hang-rank{self.ctx.rank}.txt",
+                             abort=t.on_hang == "abort", describe=lambda: f"last finished step {self.step}").start()
+                    if t.hang_timeout_s > 0 else None)
+        if t.on_nonfinite == "rollback" and latest_checkpoint(self.run_dir) is None:
+            self.save()  # something to roll back to
         try:
             while self.step < t.steps:
-                last = self.train_step()
+                try:
+                    last = self.train_step()
+                except RolledBack:  # continue from the checkpoint's step; its logs restart there
+                    logger.close()
+                    logger = MetricsLogger(self.run_dir, start_step=self.step, enabled=self.ctx.is_main)
+                    continue
                 window_tokens += t.global_batch * self.model.cfg.seq_len
                 if self.step % t.log_every == 0 or self.step == t.steps:
                     now = time.perf_counter()
@@ -195,7 +253,17 @@ class Trainer:
                     self.save()
                     if self.ctx.is_main:
                         plot_loss_curve(self.run_dir)
+                if watchdog is not None:
+                    watchdog.beat()
+                if sigterm.agreed(self.ctx):  # preemption: checkpoint this step, then stop
+                    if self.step % t.ckpt_every and self.step != t.steps:
+                        self.save()
+                    preempted = True
+                    break
         finally:
+            sigterm.uninstall()
+            if watchdog is not None:
+                watchdog.stop()
             logger.close()
         return {"steps": self.step, "resumed_from": start_step,
-                "seconds": time.perf_counter() - t0, "final": last}
+                "seconds": time.perf_counter() - t0, "final": last, "preempted": preempted}

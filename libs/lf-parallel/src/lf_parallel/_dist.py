@@ -68,9 +68,26 @@ def init_distributed(device: str = "auto", *, timeout_s: float = 600.0) -> DistC
 
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
-        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo",
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = _restart_store(timeout)
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", timeout=timeout,
+                                **({"store": store, "rank": rank, "world_size": world} if store else {}))
     return DistContext(rank=rank, world_size=world, local_rank=local, device=dev)
+
+
+def _restart_store(timeout):
+    """After a torchelastic restart: the agent's store with keys prefixed by the attempt, else None.
+
+    torchrun keeps one agent TCPStore across restarts and workers join it without a per-attempt prefix
+    (torch 2.13 ``rendezvous._create_c10d_store``), so a restarted gloo group could read the listening
+    addresses of the killed attempt's ranks and fail with "Connection refused" in ``connectFullMesh``.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if attempt == "0" or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timeout)
+    return dist.PrefixStore(f"lf/attempt_{attempt}", store)
 
 
 def shutdown(ctx: DistContext) -> None:

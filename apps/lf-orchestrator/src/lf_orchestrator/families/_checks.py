@@ -1,0 +1,88 @@
+"""Cheap checks of the family sections, run by ``load_config`` before any work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from lf_orchestrator.families.recipes import recipe_config
+
+
+def _fail(where: str, key: str, expected: str, got: Any):
+    from lf_orchestrator.config import ConfigError
+
+    raise ConfigError(f"{where}: {key}: expected {expected}, got {got!r}")
+
+
+def check_family_config(cfg, where: str) -> None:
+    """Recipe size/overrides, the family section and the LoRA / plan fields; ConfigError naming the key."""
+    from lf_orchestrator.config import ConfigError
+
+    t, m = cfg.train, cfg.model
+    try:
+        rcfg, graph = recipe_config(m.recipe, m.size, m.overrides)
+    except (ValueError, TypeError, msgspec.ValidationError) as err:
+        raise ConfigError(f"{where}: model: {err}") from None
+    if t.lora_rank < 0:
+        _fail(where, "train.lora_rank", "an integer >= 0 (0 = off)", t.lora_rank)
+    if t.lora_rank and not t.lora_targets:
+        _fail(where, "train.lora_targets", "at least one pattern with train.lora_rank > 0", t.lora_targets)
+    if cfg.parallel.spec:
+        from lf_parallel import PlanError, parse_plan
+
+        if cfg.parallel.plan != "manual":
+            _fail(where, "parallel.plan", '"manual" with parallel.spec', cfg.parallel.plan)
+        try:
+            parse_plan(cfg.parallel.spec)
+        except PlanError as err:
+            raise ConfigError(f"{where}: parallel.spec: {err}") from None
+    if m.recipe == "llama3":
+        c = cfg.corpus
+        for key, value, low in (("corpus.max_chars", c.max_chars, 1000), ("corpus.seq_len", c.seq_len, 8),
+                                ("corpus.min_chars", c.min_chars, 1)):
+            if value < low:
+                _fail(where, key, f"an integer >= {low}", value)
+        if not 0 < c.eval_fraction < 0.5:
+            _fail(where, "corpus.eval_fraction", "a number in (0, 0.5)", c.eval_fraction)
+        if c.seq_len > rcfg.max_seq_len:
+            _fail(where, "corpus.seq_len", f"at most the model's max_seq_len ({rcfg.max_seq_len})", c.seq_len)
+        if rcfg.vocab_size < 300:
+            _fail(where, "model.overrides.vocab_size", "at least 300 (256 byte tokens + merges + specials)",
+                  rcfg.vocab_size)
+    elif m.recipe == "qwen2_vl":
+        v, side = cfg.vlm, rcfg.patch_size * rcfg.spatial_merge_size
+        if v.image_size < side or v.image_size % side:
+            _fail(where, "vlm.image_size", f"a positive multiple of patch_size * spatial_merge_size ({side})",
+                  v.image_size)
+        if v.frame_stride < 1:
+            _fail(where, "vlm.frame_stride", "an integer >= 1", v.frame_stride)
+        if not 0 < v.eval_fraction < 1:
+            _fail(where, "vlm.eval_fraction", "a number in (0, 1)", v.eval_fraction)
+    elif m.recipe == "wan_dit":
+        _check_video(cfg, rcfg, where)
+
+
+def _check_video(cfg, rcfg, where: str) -> None:
+    from lf_ir.recipes.wan_vae import SIZES as VAE_SIZES
+    from lf_ir.recipes.wan_vae import wan_vae_config
+
+    v = cfg.video
+    if v.vae_size not in VAE_SIZES:
+        _fail(where, "video.vae_size", f"one of {sorted(VAE_SIZES)}", v.vae_size)
+    vae = wan_vae_config(v.vae_size)
+    if v.frames < 1 or (v.frames - 1) % vae.temporal_factor:
+        _fail(where, "video.frames", f"1 + {vae.temporal_factor} * k (the VAE's causal frame layout)", v.frames)
+    if v.frames > cfg.data.max_steps:
+        _fail(where, "video.frames", f"at most data.max_steps ({cfg.data.max_steps})", v.frames)
+    if cfg.data.image_size % (vae.spatial_factor * rcfg.patch[1]):
+        _fail(where, "data.image_size", f"a multiple of {vae.spatial_factor * rcfg.patch[1]} (VAE stride x patch)",
+              cfg.data.image_size)
+    if vae.z_dim != rcfg.in_channels:
+        _fail(where, "model.overrides.in_channels", f"the VAE's z_dim ({vae.z_dim})", rcfg.in_channels)
+    if v.clip_stride < 1 or v.sample_steps < 1:
+        _fail(where, "video.clip_stride / video.sample_steps", "integers >= 1", (v.clip_stride, v.sample_steps))
+    if not 0 <= v.cfg_dropout < 1:
+        _fail(where, "video.cfg_dropout", "a number in [0, 1)", v.cfg_dropout)
+    if not v.shift > 0:
+        _fail(where, "video.shift", "a number > 0", v.shift)

@@ -1,0 +1,128 @@
+"""Video-family data: the Wan VAE, cached clip latents, and the tiny text encoder.
+
+Clips: ``video.frames`` (4k + 1) consecutive frames of one Meta-World episode,
+starting every ``video.clip_stride`` frames, scaled to [-1, 1] and encoded once by
+the Wan VAE (``lf_ir.recipes.wan_vae``, chunked causal encoding, latent mean,
+then ``normalize_latents``). Cache (atomic: hidden folder, then rename):
+``<video.cache_dir>/<key>/latents.safetensors`` with ``latents`` (clips, z, f, h, w)
+float32 and ``task_index`` (clips,), keyed by the dataset's ``info.json``, the VAE
+settings and the clip layout.
+
+Text encoder ``"embedding"``: a fixed N(0, 1) table (words, text_dim) seeded by
+``run.seed``, looked up for the instruction's word ids (``lf_data``'s word-level
+tokenizer), zero on padding, ``text_len`` tokens: (text_len, text_dim) per task.
+Saved in the run folder (``text_encoder.safetensors`` + ``instruction_tokenizer.json``)
+so ``lf sample`` encodes new prompts the same way.
+
+Legend: ``video_bcthw`` (batch, 3, frames, H, W); ``latent_bcfhw`` (batch, z, latent frames, h, w).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+FORMAT = 1
+
+
+def build_vae(v, device: torch.device | str = "cpu"):
+    """The Wan VAE of ``video.vae_size``: ``video.vae_weights`` loaded, else lf-ir's init with ``video.vae_seed``.
+
+    Raises:
+        FileNotFoundError: ``video.vae_weights`` names a missing file.
+    """
+    from lf_ir import materialize
+    from lf_ir.recipes.wan_vae import WanVAE, wan_vae_config
+
+    with torch.device("meta"):
+        vae = WanVAE(wan_vae_config(v.vae_size))
+    vae = materialize(vae, device, seed=v.vae_seed)
+    if v.vae_weights:
+        if not Path(v.vae_weights).is_file():
+            raise FileNotFoundError(f"video.vae_weights: no file {v.vae_weights}")
+        vae.load_state_dict(load_file(v.vae_weights, device=str(device)))
+    return vae.eval().requires_grad_(False)
+
+
+def _key(cfg, dataset_root: Path) -> str:
+    v = cfg.video
+    weights = ""
+    if v.vae_weights:
+        st = Path(v.vae_weights).stat()
+        weights = f"{Path(v.vae_weights).resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    info = (dataset_root / "meta" / "info.json").read_text()
+    text = json.dumps([FORMAT, info, str(dataset_root), v.vae_size, v.vae_seed, weights, v.frames, v.clip_stride])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def clip_starts(dataset, frames: int, stride: int) -> list[tuple[int, int]]:
+    """(start frame, task index) of every clip: ``frames`` consecutive frames inside one episode."""
+    out = []
+    for a, b in dataset.episode_ranges:
+        out += [(s, int(dataset[s]["task_index"])) for s in range(a, b - frames + 1, stride)]
+    return out
+
+
+def encode_clips(cfg, dataset, batch: int = 4) -> dict[str, torch.Tensor]:
+    """Latents of every clip (cached; see the module docstring). Raises ValueError when no episode is long enough."""
+    v = cfg.video
+    final = Path(v.cache_dir) / _key(cfg, Path(dataset.root))
+    if (final / "latents.safetensors").is_file():
+        return load_file(str(final / "latents.safetensors"))
+    starts = clip_starts(dataset, v.frames, v.clip_stride)
+    if not starts:
+        raise ValueError(f"video.frames: no episode of {dataset.root} has {v.frames} frames")
+    vae, latents = build_vae(v), []
+    with torch.no_grad():
+        for i in range(0, len(starts), batch):
+            clips = [torch.stack([torch.as_tensor(dataset.image(s + j)) for j in range(v.frames)])
+                     for s, _ in starts[i:i + batch]]
+            video_bcthw = torch.stack(clips).permute(0, 4, 1, 2, 3).float() / 127.5 - 1.0
+            latents.append(vae.normalize_latents(vae.encode(video_bcthw)[0]))
+    tensors = {"latents": torch.cat(latents).contiguous(), "task_index": torch.tensor([t for _, t in starts])}
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(tensors, str(tmp / "latents.safetensors"))
+    try:
+        os.replace(tmp, final)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tensors
+
+
+def text_table(vocab: int, text_dim: int, seed: int) -> torch.Tensor:
+    """The fixed embedding table (vocab, text_dim) float32 of the ``embedding`` text encoder."""
+    return torch.randn(vocab, text_dim, generator=torch.Generator().manual_seed(seed))
+
+
+def encode_text(tok, table: torch.Tensor, texts: list[str], text_len: int) -> torch.Tensor:
+    """Text states (len(texts), text_len, text_dim): table rows of the word ids, zero on padding (id 0)."""
+    from lf_data import encode_instructions
+
+    ids, mask = encode_instructions(tok, texts, text_len)
+    ids_t = torch.as_tensor(ids, dtype=torch.long)
+    return table[ids_t] * torch.as_tensor(mask, dtype=torch.float32)[..., None]
+
+
+def save_text_encoder(run_dir: Path, tok, table: torch.Tensor) -> None:
+    """Write ``instruction_tokenizer.json`` and ``text_encoder.safetensors`` into the run folder."""
+    tok.save(str(Path(run_dir) / "instruction_tokenizer.json"))
+    save_file({"embedding": table.contiguous()}, str(Path(run_dir) / "text_encoder.safetensors"))
+
+
+def load_text_encoder(run_dir: Path):
+    """(tokenizer, table) saved by :func:`save_text_encoder`; FileNotFoundError naming a missing file."""
+    from tokenizers import Tokenizer
+
+    for name in ("instruction_tokenizer.json", "text_encoder.safetensors"):
+        if not (Path(run_dir) / name).is_file():
+            raise FileNotFoundError(f"{run_dir}: missing {name} (not a video-family run folder?)")
+    return (Tokenizer.from_file(str(Path(run_dir) / "instruction_tokenizer.json")),
+            load_file(str(Path(run_dir) / "text_encoder.safetensors"))["embedding"])

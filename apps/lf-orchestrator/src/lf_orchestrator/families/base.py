@@ -1,0 +1,99 @@
+"""The family protocol: what the recipe trainer needs from a model family, and nothing more.
+
+A family turns one run config into
+
+- the data: :meth:`Family.prepare` builds caches (rank 0 first, then the others
+  load them), :attr:`Family.num_samples` training samples addressed by index;
+- the model: :meth:`Family.build_model` (recipe / size / overrides, built on the
+  meta device, materialized with lf-ir's deterministic init);
+- batches: :meth:`Family.collate` of dataset indices (plus per-sample seeds for
+  any randomness, so a sample draws the same noise however the step is split);
+- the loss: :meth:`Family.loss_sum` returns the loss *summed* over the batch's
+  target units and :meth:`Family.normalizer` counts those units, so the trainer
+  divides by the global count over micro-batches and ranks;
+- optionally :meth:`Family.evaluate` (held-out metrics) and files for ``lf sample``.
+
+Legend: batches are dicts of tensors, dim 0 = sample.
+"""
+
+from __future__ import annotations
+
+import abc
+import zlib
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lf_orchestrator.families.recipes import build_model, recipe_config
+
+
+def sample_seed(run_seed: int, step: int, index: int) -> int:
+    """A 31-bit seed per (run seed, step, dataset index): the same sample draws the same noise at a step
+    under any micro-batch split or data-parallel layout, and a resumed run draws it again."""
+    return zlib.crc32(f"{run_seed}:{step}:{index}".encode()) & 0x7FFFFFFF
+
+
+class Family(abc.ABC):
+    """One model family under the recipe trainer (see the module docstring)."""
+
+    name: str = ""
+    """Family name (``llm``, ``vlm``, ``video``)."""
+    loss_label: str = "loss"
+    """What ``train/loss`` is (for plots), e.g. ``"next-token cross-entropy"``."""
+
+    def __init__(self, cfg, run_dir: Path, ctx):
+        self.cfg, self.run_dir, self.ctx = cfg, Path(run_dir), ctx
+        m = cfg.model
+        self.recipe_cfg, self.graph = recipe_config(m.recipe, m.size, m.overrides)
+
+    @abc.abstractmethod
+    def prepare(self) -> None:
+        """Build or load the data caches and whatever the run folder needs; idempotent."""
+
+    @property
+    @abc.abstractmethod
+    def num_samples(self) -> int:
+        """Training samples (indices ``0 .. num_samples - 1``)."""
+
+    @property
+    @abc.abstractmethod
+    def seq_len(self) -> int:
+        """Tokens per sample of the main component (for the plan search and throughput)."""
+
+    def build_model(self, device: torch.device) -> nn.Module:
+        """The lowered recipe model on ``device`` (seeded by ``run.seed``)."""
+        return build_model(self.cfg.model.recipe, self.recipe_cfg, self.graph, device, self.cfg.run.seed)
+
+    @abc.abstractmethod
+    def collate(self, indices: list[int], step: int) -> dict[str, torch.Tensor]:
+        """The batch of the given training indices at optimizer step ``step`` (CPU tensors)."""
+
+    @abc.abstractmethod
+    def normalizer(self, batch: dict[str, torch.Tensor]) -> int:
+        """Target units in ``batch`` (tokens with a label, or samples)."""
+
+    @abc.abstractmethod
+    def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(loss summed over the target units as a float32 scalar, {metric: sum over the same units})."""
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """Held-out metrics (``eval/...``); none by default."""
+        return {}
+
+
+class LossModule(nn.Module):
+    """``forward(batch) = family.loss_sum(model, batch)``, so DDP / FSDP wrap the whole loss computation."""
+
+    def __init__(self, model: nn.Module, family: Family):
+        super().__init__()
+        self.model = model
+        self._family = [family]  # not a submodule
+
+    def forward(self, batch: dict[str, torch.Tensor], evaluate: bool = False):
+        """``loss_sum(model, batch)``; with ``evaluate`` the family's held-out metrics instead (run through the
+        wrapper so FSDP gathers the root's parameters and DDP / TP hooks apply)."""
+        if evaluate:
+            return self._family[0].evaluate(self.model)
+        return self._family[0].loss_sum(self.model, batch)

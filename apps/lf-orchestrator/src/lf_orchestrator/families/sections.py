@@ -1,0 +1,80 @@
+"""Config sections of the LLM, VLM and video families (``[corpus]``, ``[vlm]``, ``[video]``).
+
+Kept out of ``config.py`` so that file only names them; like every section they
+are frozen, keyword-only msgspec structs that reject unknown keys, and this
+module imports no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+
+class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class CorpusSection(_Section):
+    """Text corpus of the ``llm`` family (``model.recipe = "llama3"``)."""
+
+    source: Literal["stdlib_docstrings"] = "stdlib_docstrings"
+    """``stdlib_docstrings``: the docstrings of the running Python's standard library (module, class and
+    function docstrings of every ``.py`` file under ``sysconfig``'s ``stdlib`` path, files in sorted order):
+    English prose shipped with every Python, so the corpus needs no network; it depends on the Python
+    version, which is part of the cache key."""
+    cache_dir: str = ".lf-cache/corpus"
+    """Folder of the cached corpus + tokenizer (one subfolder per content key, written atomically)."""
+    max_chars: int = 400_000
+    """Stop collecting documents after this many characters (files in sorted order: deterministic)."""
+    min_chars: int = 80
+    """Skip docstrings shorter than this."""
+    seq_len: int = 128
+    """Tokens per packed row (documents packed by ``lf_data.pack_sequences``; longer ones are cut into pieces)."""
+    eval_fraction: float = 0.05
+    """Share of documents held out for the evaluation perplexity (chosen by a hash of the document)."""
+
+
+class VLMSection(_Section):
+    """Image-text SFT of the ``vlm`` family (``model.recipe = "qwen2_vl"``) on Meta-World frames."""
+
+    prompt: str = "What is the robot doing?"
+    """User turn after the image; the answer is the episode's task instruction."""
+    image_size: int = 56
+    """Frames are resized to this square side (pixels, a multiple of patch_size * spatial_merge_size)."""
+    frame_stride: int = 4
+    """Use every n-th frame of each episode."""
+    eval_fraction: float = 0.1
+    """Share of episodes held out for the evaluation (answer-token accuracy)."""
+
+
+class VideoSection(_Section):
+    """Text-to-video of the ``video`` family (``model.recipe = "wan_dit"``) on Meta-World clips."""
+
+    frames: int = 9
+    """Frames per clip (4k + 1, the Wan VAE's causal layout)."""
+    clip_stride: int = 8
+    """Frames between the starts of consecutive clips of an episode."""
+    vae_size: str = "tiny"
+    """``lf_ir.recipes.wan_vae`` size. ``tiny`` uses its deterministic init (seed ``vae_seed``): fine for the CPU
+    example, meaningless latents for real use; full-size runs give ``vae_weights``."""
+    vae_weights: str = ""
+    """Optional safetensors file of VAE weights in lf-ir naming (``lf convert`` of the diffusers checkpoint)."""
+    vae_seed: int = 0
+    """Init seed of the VAE when no weights are given."""
+    cache_dir: str = ".lf-cache/wan-latents"
+    """Folder of the cached VAE latents (one subfolder per content key, written atomically)."""
+    text_encoder: Literal["embedding"] = "embedding"
+    """``embedding``: a fixed, seeded embedding table over the instruction's words (the tiny default),
+    cached per task; the DiT's text projection learns on top. (umT5 would plug in here for full size.)"""
+    cfg_dropout: float = 0.1
+    """Probability of replacing a sample's text states by the null (zero) states (classifier-free guidance)."""
+    sigma_distribution: Literal["uniform", "logit_normal"] = "logit_normal"
+    """Training noise-level distribution (``lf_ir.flow.sample_sigmas``)."""
+    shift: float = 3.0
+    """Timestep shift of training and sampling sigmas (SD3 eq. 23; Wan uses 3-5)."""
+    sample_steps: int = 20
+    """Euler steps of ``lf sample``."""
+    guidance: float = 4.0
+    """Classifier-free guidance scale of ``lf sample`` (1 = no guidance)."""

@@ -1,0 +1,105 @@
+"""The Kubernetes backend: a Kubeflow ``PyTorchJob`` (``kubeflow.org/v1``) manifest.
+
+Spec followed: the Kubeflow training-operator CRD ``manifests/base/crds/kubeflow.org_pytorchjobs.yaml``
+(https://github.com/kubeflow/training-operator). The job is elastic (``elasticPolicy`` with the c10d
+rendezvous): the operator sets torchrun's ``PET_*`` variables (nodes, rendezvous endpoint, max
+restarts) in every pod, so the container runs plain ``python -m torch.distributed.run`` with the
+worker command. Every pod mounts the same volume for the run folder, which is named after the job so
+a restarted pod resumes it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from lf_orchestrator.launch._spec import LaunchError, LaunchSpec, worker_args
+
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class Volume(msgspec.Struct, frozen=True, kw_only=True):
+    """A PersistentVolumeClaim mounted into every pod."""
+
+    name: str
+    """Volume name (DNS-1123 label)."""
+    claim: str
+    """PersistentVolumeClaim name."""
+    mount_path: str
+    """Where the pod sees it."""
+
+    @classmethod
+    def parse(cls, text: str) -> Volume:
+        """``claim:/mount/path`` -> Volume (named after the claim).
+
+        Raises:
+            LaunchError: the text has no ``:`` or the path is not absolute.
+        """
+        claim, sep, mount = text.partition(":")
+        if not sep or not claim or not mount.startswith("/"):
+            raise LaunchError(f"--volume {text!r}: expected CLAIM:/absolute/mount/path")
+        return cls(name=claim, claim=claim, mount_path=mount)
+
+
+class K8sOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Pod settings of the manifest."""
+
+    job_name: str
+    """PyTorchJob name (DNS-1123 label); also the run folder's suffix."""
+    image: str
+    """Container image with lf installed."""
+    namespace: str = "default"
+    """Namespace of the job."""
+    cpu: str = ""
+    """CPU request and limit per pod (Kubernetes quantity, empty: none)."""
+    memory: str = ""
+    """Memory request and limit per pod (e.g. ``64Gi``, empty: none)."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Extra environment variables (name, value)."""
+    volumes: tuple[Volume, ...] = ()
+    """Claims mounted into every pod (the run folder and data must live on one of them)."""
+    shm: str = "16Gi"
+    """Size of the in-memory ``/dev/shm`` (data loader workers and NCCL need more than the default)."""
+
+
+def pytorchjob(spec: LaunchSpec, opts: K8sOptions) -> dict[str, Any]:
+    """The PyTorchJob manifest as a dict (``json.dumps`` / ``yaml.safe_dump`` it).
+
+    Raises:
+        LaunchError: a job name that is not a DNS-1123 label.
+    """
+    if not _DNS1123.match(opts.job_name) or len(opts.job_name) > 63:
+        raise LaunchError(f"--job-name {opts.job_name!r}: expected a DNS-1123 label "
+                          f"(lower-case letters, digits, '-', at most 63 characters)")
+    gpus = spec.device != "cpu"
+    resources: dict[str, dict[str, Any]] = {"limits": {}, "requests": {}}
+    if gpus:
+        resources["limits"]["nvidia.com/gpu"] = spec.procs_per_node
+        resources["requests"]["nvidia.com/gpu"] = spec.procs_per_node
+    for key, value in (("cpu", opts.cpu), ("memory", opts.memory)):
+        if value:
+            resources["limits"][key] = resources["requests"][key] = value
+    mounts = [{"name": v.name, "mountPath": v.mount_path} for v in opts.volumes]
+    volumes: list[dict[str, Any]] = [{"name": v.name, "persistentVolumeClaim": {"claimName": v.claim}}
+                                     for v in opts.volumes]
+    if opts.shm:
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": opts.shm}})
+    env = [{"name": "OMP_NUM_THREADS", "value": "1"}, {"name": "PYTHONUNBUFFERED", "value": "1"},
+           *({"name": k, "value": v} for k, v in opts.env)]
+    container = {"name": "pytorch", "image": opts.image,
+                 "command": ["python", "-m", "torch.distributed.run", "-m", "lf_orchestrator"],
+                 "args": worker_args(spec), "env": env, "resources": resources, "volumeMounts": mounts}
+    replica = {"replicas": spec.nodes, "restartPolicy": "OnFailure",
+               "template": {"metadata": {"labels": {"app.kubernetes.io/name": "lf",
+                                                    "lf/job": opts.job_name}},
+                            "spec": {"containers": [container], "volumes": volumes}}}
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+            "metadata": {"name": opts.job_name, "namespace": opts.namespace},
+            "spec": {"elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": spec.nodes,
+                                       "maxReplicas": spec.nodes, "maxRestarts": spec.max_restarts},
+                     "nprocPerNode": str(spec.procs_per_node),
+                     "runPolicy": {"cleanPodPolicy": "None", "backoffLimit": spec.max_restarts},
+                     "pytorchReplicaSpecs": {"Worker": replica}}}

@@ -1,0 +1,182 @@
+"""`lf plan` and `lf memory`: the auto-tuner's ranked plans and the per-GPU memory of one plan.
+
+The model comes from a run config (``model.recipe``, ``model.size``, ``model.overrides``,
+``train.global_batch``) or from ``--recipe`` / ``--size`` (any recipe of ``lf_ir.recipes``,
+``wan_dit`` included, whose video size is ``--frames``, ``--height``, ``--width``). The
+cluster is detected on this machine or described with ``--gpus`` and ``--gpu``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console(stderr=True)
+GIB = 1024 ** 3
+
+ConfigArg = Annotated[Optional[Path], typer.Argument(help="Run config (TOML); or give --recipe and --size.")]
+RecipeOpt = Annotated[Optional[str], typer.Option(help="Recipe (llama3, qwen2_vl, wan_dit, vla, ...).")]
+SizeOpt = Annotated[Optional[str], typer.Option(help="Named size of the recipe, e.g. 8B, 70B, 14B.")]
+SeqOpt = Annotated[Optional[int], typer.Option(help="Tokens per sample of the main component.")]
+FramesOpt = Annotated[Optional[int], typer.Option(help="wan_dit: video frames (4k+1).")]
+HeightOpt = Annotated[Optional[int], typer.Option(help="wan_dit: video height, pixels.")]
+WidthOpt = Annotated[Optional[int], typer.Option(help="wan_dit: video width, pixels.")]
+BatchOpt = Annotated[Optional[int], typer.Option(help="Samples per optimizer step (default: the config's, "
+                                                      "else one per GPU).")]
+GpusOpt = Annotated[Optional[int], typer.Option(help="GPUs to plan for (default: detect this machine).")]
+PerNodeOpt = Annotated[Optional[int], typer.Option(help="GPUs per node (NVLink domain); default min(gpus, 8).")]
+GpuOpt = Annotated[str, typer.Option(help="GPU model when planning ahead: h200, h100, a100-80g, ...")]
+InterOpt = Annotated[float, typer.Option(help="Network bandwidth between nodes per GPU, Gbit/s.")]
+PrecisionOpt = Annotated[str, typer.Option(help="Compute precision: bf16, fp16 or fp32.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _recipe(name: str):
+    from lf_ir.recipes import RECIPES
+
+    if name in RECIPES:
+        return RECIPES[name]
+    try:
+        return importlib.import_module(f"lf_ir.recipes.{name}")
+    except ModuleNotFoundError:
+        raise ValueError(f"--recipe: unknown recipe {name!r}; expected one of {sorted({*RECIPES, 'wan_dit'})}") \
+            from None
+
+
+def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[str], seq: Optional[int],
+                  frames: Optional[int] = None, height: Optional[int] = None, width: Optional[int] = None):
+    """(IR graph, tokens per sample of the main component, global batch from the config or None).
+
+    Raises:
+        ValueError: no model given, unknown recipe/size, or a bad video size; ConfigError from the config.
+    """
+    overrides, batch = {}, None
+    if config is not None:
+        from lf_orchestrator.config import load_config
+
+        cfg = load_config(config)
+        recipe, size = recipe or cfg.model.recipe, size or cfg.model.size
+        overrides, batch = dict(cfg.model.overrides), cfg.train.global_batch
+    if not recipe or not size:
+        raise ValueError("give a run CONFIG, or --recipe and --size (e.g. --recipe llama3 --size 70B)")
+    module = _recipe(recipe)
+    factory = getattr(module, f"{recipe}_config", None) or module.config
+    cfg = factory(size, **overrides)
+    if recipe == "wan_dit" and (frames or height or width):
+        seq = module.video_tokens(cfg, frames, height, width)
+    takes_seq = "seq_len" in inspect.signature(module.build_graph).parameters
+    if seq is not None and not takes_seq:
+        raise ValueError(f"--seq: the {recipe} recipe's sequence length follows from its config")
+    graph = module.build_graph(cfg, seq_len=seq) if seq else module.build_graph(cfg)
+    from lf_memory._estimate_graph import graph_view
+
+    return graph, graph.component(graph_view(graph).main).seq_len, batch
+
+
+def resolve_cluster(gpus: Optional[int], gpus_per_node: Optional[int], gpu: str, inter_node_gbps: float):
+    """The described cluster when ``gpus`` is given, else the detected one (ClusterError without a GPU)."""
+    from lf_parallel._cluster import detect_cluster, make_cluster
+
+    if gpus is None:
+        return detect_cluster()
+    return make_cluster(gpus=gpus, gpu=gpu, gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps)
+
+
+def _cost_row(cand) -> dict:
+    c = cand.cost
+    return {"plan": cand.plan.describe(), "recompute": cand.recompute, "step_s": c.step_s,
+            "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu, "tflops_per_gpu": c.tflops_per_gpu, "mfu": c.mfu,
+            "peak_gib": c.memory.total / GIB, "breakdown_s": {"compute": c.compute_s, "recompute": c.recompute_s,
+                                                               "exposed_comm": c.exposed_comm_s, "bubble": c.bubble_s,
+                                                               "optimizer": c.optimizer_s, **{
+                                                                   f"comm.{k}": v for k, v in c.comm.items()}},
+            "memory_gib": {k: v / GIB for k, v in c.memory.breakdown().items()}}
+
+
+def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt = None, seq: SeqOpt = None,
+             frames: FramesOpt = None, height: HeightOpt = None, width: WidthOpt = None,
+             global_batch: BatchOpt = None, gpus: GpusOpt = None, gpus_per_node: PerNodeOpt = None,
+             gpu: GpuOpt = "h100", inter_node_gbps: InterOpt = 400.0, precision: PrecisionOpt = "bf16",
+             top: Annotated[int, typer.Option(help="Plans to list.")] = 5, as_json: JsonOpt = False):
+    """Rank parallel plans by predicted step time: tokens/s/GPU, MFU, peak memory, and the winner's breakdown."""
+    from lf_orchestrator.config import ConfigError
+    from lf_parallel._cluster import ClusterError
+    from lf_parallel._search import NoFeasiblePlan, search_plans
+
+    if top < 1:
+        _fail(f"--top must be >= 1, got {top}")
+    try:
+        graph, tokens, batch = resolve_model(config, recipe, size, seq, frames, height, width)
+        cluster = resolve_cluster(gpus, gpus_per_node, gpu, inter_node_gbps)
+        batch = global_batch or batch or cluster.gpus
+        result = search_plans(graph, cluster, global_batch=batch, seq=tokens, precision=precision, top=top)
+    except NoFeasiblePlan as err:
+        _fail(f"{graph.name} on {cluster.describe()}, global batch {batch}: {err}")
+    except (ConfigError, ClusterError, ValueError) as err:
+        _fail(str(err))
+    rows = [_cost_row(c) for c in result.ranked]
+    if as_json:
+        print(json.dumps({"model": graph.name, "tokens_per_sample": tokens, "global_batch": batch,
+                          "cluster": cluster.describe(), "considered": result.considered,
+                          "over_memory": result.over_memory, "seconds": result.seconds, "plans": rows}))
+        return
+    out = Console()
+    table = Table(title=f"{graph.name}, {tokens:,} tokens/sample, global batch {batch} on {cluster.describe()}")
+    for col in ("#", "plan", "recompute", "step s", "tokens/s/GPU", "MFU", "peak GiB"):
+        table.add_column(col, justify="left" if col in ("plan", "recompute") else "right")
+    for i, r in enumerate(rows, 1):
+        short = r["plan"].split(" (global batch")[0].replace(f" precision={precision}", "")
+        table.add_row(str(i), short, r["recompute"], f"{r['step_s']:.3f}", f"{r['tokens_per_s_per_gpu']:,.0f}",
+                      f"{100 * r['mfu']:.1f}%", f"{r['peak_gib']:.1f}")
+    out.print(table)
+    best = rows[0]["breakdown_s"]
+    out.print("winner, seconds per step: " + ", ".join(f"{k} {v:.3f}" for k, v in best.items()), highlight=False)
+    out.print(f"{result.considered:,} plans considered, {result.over_memory:,} over memory, "
+              f"{result.seconds:.1f} s", highlight=False)
+
+
+def memory_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt = None, seq: SeqOpt = None,
+               frames: FramesOpt = None, height: HeightOpt = None, width: WidthOpt = None,
+               plan: Annotated[str, typer.Option(help="Plan as key=value, e.g. 'dp=8,zero=3,tp=2,mb=1'.")] = "dp=1",
+               recompute: Annotated[str, typer.Option(help="none, selective, full or every_k.")] = "none",
+               gpus: GpusOpt = None, gpus_per_node: PerNodeOpt = None, gpu: GpuOpt = "h100",
+               inter_node_gbps: InterOpt = 400.0, precision: PrecisionOpt = "bf16", as_json: JsonOpt = False):
+    """Peak memory per GPU of one plan, by kind, and whether it fits the GPU."""
+    from lf_memory._estimate import estimate_memory
+    from lf_orchestrator.config import ConfigError
+    from lf_parallel._cluster import ClusterError
+    from lf_parallel._plan import PlanError, parse_plan
+
+    try:
+        graph, tokens, _ = resolve_model(config, recipe, size, seq, frames, height, width)
+        parsed = parse_plan(plan, precision=precision)
+        cluster = resolve_cluster(gpus or parsed.world_size, gpus_per_node, gpu, inter_node_gbps)
+        est = estimate_memory(graph, parsed, seq=tokens, precision=precision, recompute=recompute)
+    except (ConfigError, ClusterError, PlanError, ValueError) as err:
+        _fail(str(err))
+    have = cluster.memory_bytes
+    rows = {k: v / GIB for k, v in est.breakdown().items()}
+    if as_json:
+        print(json.dumps({"model": graph.name, "plan": parsed.describe(), "recompute": recompute, "stage": est.stage,
+                          "gib": rows, "gpu": cluster.gpu.name, "gpu_gib": have / GIB, "fits": est.total <= have}))
+        return
+    table = Table(title=f"{graph.name}: {parsed.describe()}, recompute={recompute}, stage {est.stage}")
+    table.add_column("kind")
+    table.add_column("GiB per GPU", justify="right")
+    for key, value in rows.items():
+        table.add_row(key, f"{value:.2f}")
+    Console().print(table)
+    verdict = "fits" if est.total <= have else f"does NOT fit: {est.total / GIB:.1f} GiB needed"
+    Console().print(f"{cluster.gpu.name} has {have / GIB:.1f} GiB: {verdict}", highlight=False)

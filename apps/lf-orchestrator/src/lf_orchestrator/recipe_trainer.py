@@ -1,0 +1,313 @@
+"""The training loop of the llm / vlm / video families: family -> model -> plan -> steps.
+
+The order in which techniques are applied is written here once: build on meta ->
+materialize -> LoRA / freezing -> tensor (+ sequence) parallel -> activation
+recomputation -> data parallel / ZeRO (``lf_parallel.parallelize``) -> optimizer.
+The plan is searched or parsed and checked before any of it
+(:mod:`lf_orchestrator.families._plan`).
+
+Losses are normalized by the target units (tokens with a label, or samples) of the
+whole global batch, over micro-batches and data-parallel ranks: each micro-batch
+contributes ``loss_sum * dp / global_units`` and DDP / FSDP average gradients over
+the dp ranks, so any split gives the gradient of one large batch. Tensor-parallel
+ranks of one dp rank see the same batch. Checkpoints are ``checkpoint.py``'s atomic
+folders with full (gathered) state, so a run resumes exactly, under any plan.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lf_data import ResumableSampler
+from lf_memory import DynamicLossScaler, apply_recompute, resolve_precision
+from lf_orchestrator.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, write_text_atomic
+from lf_orchestrator.families import family_module
+from lf_orchestrator.families._plan import resolve_plan
+from lf_orchestrator.families._state import gather_state, load_state
+from lf_orchestrator.families.base import LossModule
+from lf_orchestrator.families.lora import apply_lora, freeze
+from lf_orchestrator.metrics import MetricsLogger, plot_loss_curve
+from lf_parallel import DistContext, build_mesh, global_sum, parallelize
+
+StepCallback = Callable[[int, dict[str, float]], None]
+
+
+def lr_factor(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to ``min_ratio`` at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    frac = (step - warmup) / max(1, total - warmup)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Global gradient 2-norm over plain and DTensor (TP / FSDP2) gradients; scales them to ``max_norm``
+    when above it (``max_norm = 0``: no clipping). ``nn.utils.clip_grad_norm_`` cannot mix the two kinds."""
+    from torch.distributed.tensor import DTensor
+
+    dist_grads = [p.grad for p in params if isinstance(p.grad, DTensor)]
+    plain = [p.grad for p in params if not isinstance(p.grad, DTensor)]
+    sq = torch.zeros((), dtype=torch.float32)
+    if dist_grads:
+        sq = sq + nn.utils.get_total_norm(dist_grads).full_tensor().float().cpu() ** 2
+    if plain:
+        sq = sq + nn.utils.get_total_norm(plain).float().cpu() ** 2
+    norm = sq.sqrt()
+    if max_norm > 0 and float(norm) > max_norm:
+        coef = max_norm / (float(norm) + 1e-6)
+        for g in dist_grads + plain:
+            g.mul_(coef)
+    return norm
+
+
+def prepare_model(family, cfg, device: torch.device) -> tuple[nn.Module, dict]:
+    """The family's model with LoRA and freezing applied (before any parallelism); info for plan.json."""
+    model = family.build_model(device)
+    t, info = cfg.train, {}
+    if t.lora_rank > 0:
+        info["lora_modules"] = apply_lora(model, t.lora_targets, t.lora_rank, t.lora_alpha, seed=cfg.run.seed)
+    if t.freeze:
+        info["frozen_params"] = len(freeze(model, t.freeze))
+    info["trainable_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return model, info
+
+
+class RecipeTrainer:
+    """One family run in ``run_dir`` (fresh, or resumed from its latest checkpoint)."""
+
+    def __init__(self, cfg, run_dir: Path, ctx: DistContext, *, resume: bool = False):
+        self.cfg, self.run_dir, self.ctx = cfg, Path(run_dir), ctx
+        torch.manual_seed(cfg.run.seed)
+        if ctx.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.family = family_module(cfg.model.recipe).make_family(cfg, self.run_dir, ctx)
+        if ctx.is_main:  # rank 0 builds the caches, the others then load them
+            self.family.prepare()
+        if ctx.distributed:
+            torch.distributed.barrier()
+        if not ctx.is_main:
+            self.family.prepare()
+        self.precision = resolve_precision(cfg.memory.precision, ctx.device)
+        prec = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.precision.compute_dtype, "fp32")
+        self.plan, self.plan_info = resolve_plan(cfg, self.family.graph, world_size=ctx.world_size,
+                                                 device_type=ctx.device.type, seq=self.family.seq_len, precision=prec)
+        self.model, model_info = prepare_model(self.family, cfg, ctx.device)
+        self.plan_info.update(model_info)
+        mode = cfg.memory.recompute if cfg.memory.recompute != "none" else self.plan_info.get("recompute", "none")
+        if mode == "auto":
+            raise ValueError('memory.recompute = "auto" is not supported by the llm/vlm/video families; use '
+                             '"full", "selective" or "every_k", or parallel.plan = "auto" (the search picks one)')
+        self.plan_info["recompute"] = mode
+
+        def recompute(_module: nn.Module) -> None:
+            self.plan_info["recomputed_blocks"] = apply_recompute(
+                nn.ModuleList(self.model.blocks), mode, every=cfg.memory.recompute_every)
+
+        self.loss_module = LossModule(self.model, self.family)
+        self.mesh = build_mesh(self.plan, ctx.device.type) if ctx.distributed else None
+        if self.mesh is not None:
+            self.wrapped = parallelize(self.loss_module, self.mesh, self.plan, loss_parallel=False,
+                                       recompute=recompute)
+            coord = self.mesh.get_coordinate()
+            self.dp_rank = coord[1] * self.mesh["dp_shard"].size() + coord[2]
+        else:
+            recompute(self.loss_module)
+            self.wrapped, self.dp_rank = self.loss_module, 0
+        self.optimizer = self._optimizer()
+        t = cfg.train
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(
+            s, warmup=t.warmup_steps, total=t.steps, min_ratio=t.min_lr_ratio))
+        self.scaler = DynamicLossScaler(ctx.device.type, enabled=self.precision.needs_loss_scaling)
+        self.sampler = ResumableSampler(self.family.num_samples, batch_size=self.plan.micro_batch, seed=cfg.run.seed,
+                                        rank=self.dp_rank, world_size=self.plan.dp)
+        self.step = 0
+        ckpt = latest_checkpoint(self.run_dir) if resume else None
+        if resume and ckpt is None:
+            raise FileNotFoundError(f"--resume {self.run_dir}: no complete checkpoint under "
+                                    f"{self.run_dir / 'checkpoints'}")
+        if ckpt is not None:
+            self._restore(ckpt)
+        self._indices = iter(self.sampler)
+
+    @property
+    def state_module(self) -> nn.Module:
+        """The module whose state is saved (the DDP wrapper's inside, else the parallelized module)."""
+        return getattr(self.wrapped, "module", self.wrapped)
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        t = self.cfg.train
+        params = [p for p in self.wrapped.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": t.weight_decay},
+                  {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+        groups = [g for g in groups if g["params"]]
+        if self.plan.zero_stage == 1 and self.plan.dp > 1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            from lf_parallel import flat_dp_group
+
+            opt = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=torch.optim.AdamW,
+                                          process_group=flat_dp_group(self.mesh, self.plan), lr=t.lr,
+                                          betas=(0.9, 0.95), weight_decay=groups[0]["weight_decay"])
+            for g in groups[1:]:
+                opt.add_param_group(g)
+            return opt
+        return torch.optim.AdamW(groups, lr=t.lr, betas=(0.9, 0.95))
+
+    def _restore(self, path: Path) -> None:
+        model_sd, state = load_checkpoint(path, "cpu")
+        load_state(self.state_module, self.optimizer, model_sd, state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"][self.dp_rank] if isinstance(state["sampler"], list)
+                                     else state["sampler"])
+        self.scaler.load_state_dict(state["scaler"])
+        torch.set_rng_state(state["rng_cpu"].cpu())
+        self.step = int(state["step"])
+
+    def save(self) -> Path | None:
+        """Checkpoint the current step; every rank gathers, rank 0 writes."""
+        model_sd, optim_sd = gather_state(self.state_module, self.optimizer, self.ctx.is_main)
+        samplers = [self.sampler.state_dict()]
+        if self.ctx.distributed:  # every dp rank's sampler position (tp ranks repeat their dp rank's)
+            gathered: list = [None] * self.ctx.world_size
+            torch.distributed.all_gather_object(gathered, (self.dp_rank, self.sampler.state_dict()))
+            samplers = [s for _, s in sorted(dict(gathered).items())]
+        if not self.ctx.is_main:
+            return None
+        state = {"step": self.step, "optimizer": optim_sd, "scheduler": self.scheduler.state_dict(),
+                 "sampler": samplers, "rng_cpu": torch.get_rng_state(), "plan": self.plan.describe(),
+                 "scaler": self.scaler.state_dict()}
+        return save_checkpoint(self.run_dir, self.step, model_sd, state, keep=self.cfg.train.keep_checkpoints)
+
+    def _micro_batch(self) -> dict[str, torch.Tensor]:
+        idx = [next(self._indices) for _ in range(self.plan.micro_batch)]
+        batch = self.family.collate(idx, self.step)
+        return {k: v.to(self.ctx.device, non_blocking=True) for k, v in batch.items()}
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step over ``grad_accum`` micro-batches; returns its scalars."""
+        batches = [self._micro_batch() for _ in range(self.plan.grad_accum)]
+        replicas = self.ctx.world_size // self.plan.dp  # tp ranks holding the same batch
+        local = sum(int(self.family.normalizer(b)) for b in batches)
+        units = global_sum(torch.tensor(float(local), device=self.ctx.device), self.ctx) / replicas
+        denom = units.clamp(min=1.0) / self.plan.dp
+        loss_sum = torch.zeros((), device=self.ctx.device)
+        sums: dict[str, torch.Tensor] = {}
+        self.wrapped.train()
+        for b in batches:
+            with self.precision.autocast(self.ctx.device.type):
+                loss, metrics = self.wrapped(b)
+            self.scaler.scale(loss / denom).backward()
+            loss_sum += loss.detach()
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, torch.zeros((), device=self.ctx.device)) + value.detach().float()
+        self.scaler.unscale_(self.optimizer)
+        grad_norm = clip_grad_norm([p for p in self.wrapped.parameters() if p.grad is not None],
+                                   self.cfg.train.grad_clip)
+        self.scaler.step(self.optimizer)
+        skipped = self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.scheduler.get_last_lr()[0]
+        if not skipped:
+            self.scheduler.step()
+        self.step += 1
+        names = sorted(sums)
+        stats = global_sum(torch.stack([loss_sum, *(sums[k] for k in names)]), self.ctx) / replicas
+        return {"train/loss": float(stats[0] / units), **{f"train/{k}": float(stats[i + 1] / units)
+                                                           for i, k in enumerate(names)},
+                "train/grad_norm": float(grad_norm), "train/lr": lr, "train/target_units": float(units)}
+
+    def evaluate(self) -> dict[str, float]:
+        """The family's held-out metrics (every rank computes them on the unwrapped model)."""
+        self.wrapped.eval()
+        with torch.no_grad(), self.precision.autocast(self.ctx.device.type):
+            out = self.wrapped({}, evaluate=True)
+        self.wrapped.train()
+        return out
+
+    def fit(self, on_step: StepCallback | None = None) -> dict[str, Any]:
+        """Train until ``train.steps``, logging, checkpointing and evaluating at the end; returns a summary."""
+        t = self.cfg.train
+        logger = MetricsLogger(self.run_dir, start_step=self.step, enabled=self.ctx.is_main)
+        start, t0, last = self.step, time.perf_counter(), {}
+        window_units, window_t = 0.0, time.perf_counter()
+        try:
+            while self.step < t.steps:
+                last = self.train_step()
+                window_units += last["train/target_units"]
+                if self.step % t.log_every == 0 or self.step == t.steps:
+                    now = time.perf_counter()
+                    last["perf/units_per_s"] = window_units / max(now - window_t, 1e-9)
+                    window_units, window_t = 0.0, now
+                    logger.log(self.step, last)
+                if on_step is not None:
+                    on_step(self.step, last)
+                if self.step % t.ckpt_every == 0 or self.step == t.steps:
+                    self.save()
+                    if self.ctx.is_main:
+                        plot_loss_curve(self.run_dir)
+            evaluation = self.evaluate() if self.cfg.eval.at_end else {}
+            if evaluation:
+                logger.log(self.step, evaluation)
+        finally:
+            logger.close()
+        return {"steps": self.step, "resumed_from": start, "seconds": time.perf_counter() - t0, "final": last,
+                "eval": evaluation, "plan": self.plan.describe()}
+
+
+def write_plan(trainer: RecipeTrainer) -> None:
+    """``plan.json`` of the run folder (rank 0)."""
+    if trainer.ctx.is_main:
+        write_text_atomic(trainer.run_dir / "plan.json", json.dumps(
+            {"plan": trainer.plan.describe(), "world_size": trainer.ctx.world_size, "device": str(trainer.ctx.device),
+             "precision": str(trainer.precision.compute_dtype), **trainer.plan_info}, indent=1, default=str))
+
+
+def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None, console, new_run_dir) -> None:
+    """`lf run` for the llm / vlm / video families: run folder, training, evaluation, summary."""
+    from lf_orchestrator.config import to_toml
+
+    if run_dir is None:
+        run_dir = resume if resume is not None else new_run_dir(cfg, ctx)
+    elif ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    if ctx.is_main:
+        console.print(f"run folder: [bold]{run_dir}[/]")
+        if resume is None:
+            write_text_atomic(run_dir / "config.toml", to_toml(cfg))
+    trainer = RecipeTrainer(cfg, run_dir, ctx, resume=resume is not None)
+    if ctx.is_main and resume is not None:
+        write_text_atomic(run_dir / "config.toml", to_toml(cfg))
+        console.print(f"resumed from step {trainer.step} of {cfg.train.steps}")
+    if trainer.step >= cfg.train.steps:
+        if ctx.is_main:
+            console.print("the run is already finished; raise train.steps with --set to continue")
+        return
+    write_plan(trainer)
+    if ctx.is_main:
+        info = trainer.plan_info
+        predicted = (f", predicted {info['predicted_step_s'] * 1e3:.1f} ms/step on {info['cluster']}"
+                     + (" (nominal: CPU job)" if info.get("nominal_cluster") else "")
+                     if "predicted_step_s" in info else "")
+        console.print(f"plan ({info['source']}): {trainer.plan.describe()}{predicted}; "
+                      f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters, "
+                      f"{info['trainable_params']:,} trainable")
+
+    def on_step(step: int, s: dict) -> None:
+        if ctx.is_main and (step % cfg.train.log_every == 0 or step == cfg.train.steps):
+            console.print(f"step {step}/{cfg.train.steps} loss {s['train/loss']:.4f} lr {s['train/lr']:.2e}",
+                          highlight=False)
+
+    summary = trainer.fit(on_step)
+    if ctx.is_main:
+        write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=1, default=str))
+        extra = " ".join(f"{k.removeprefix('eval/')} {v:.4g}" for k, v in summary["eval"].items())
+        console.print(f"trained {summary['steps']} steps in {summary['seconds']:.0f} s"
+                      + (f"; eval: {extra}" if extra else ""))

@@ -1,0 +1,64 @@
+"""`lf data inspect|convert|metaworld` through Typer's CliRunner on LeRobot v2.1 datasets with mp4 videos."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("av")
+
+from lf_data._lerobot_video_writer import write_lerobot_video  # noqa: E402
+from lf_orchestrator.cli import app  # noqa: E402
+
+runner = CliRunner()
+CAM = "observation.images.top"
+FEATURES = {CAM: {"dtype": "video", "shape": [8, 8, 3]}, "observation.state": {"dtype": "float32", "shape": [2]},
+            "action": {"dtype": "float32", "shape": [2]}}
+
+
+@pytest.fixture
+def v21(tmp_path):
+    rng = np.random.default_rng(0)
+    eps = [{"task": "stack the cups", "frames": {CAM: rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8),
+                                                 "observation.state": rng.normal(size=(n, 2)).astype(np.float32),
+                                                 "action": rng.normal(size=(n, 2)).astype(np.float32)}}
+           for n in (4, 6)]
+    return write_lerobot_v21(tmp_path, eps)
+
+
+def write_lerobot_v21(tmp_path, eps):
+    return write_lerobot_video(tmp_path / "v21", eps, version="v2.1", fps=15, features=FEATURES)
+
+
+def test_inspect_reports_format_and_exit_codes(v21):
+    """Oracle: the written dataset (2 episodes, 10 frames); a missing video gives exit 1 naming the file."""
+    res = runner.invoke(app, ["data", "inspect", str(v21), "--json"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.stdout)
+    assert (rep["format"], rep["episodes"], rep["frames"], rep["problems"]) == ("lerobot-v2.1", 2, 10, [])
+    res = runner.invoke(app, ["data", "inspect", str(v21)])
+    assert res.exit_code == 0 and "lerobot-v2.1, 2 episodes, 10 frames at 15 fps" in res.stdout
+    (v21 / f"videos/chunk-000/{CAM}/episode_000001.mp4").unlink()
+    res = runner.invoke(app, ["data", "inspect", str(v21)])
+    assert res.exit_code == 1 and "episode_000001.mp4" in res.stdout and "missing" in res.stdout
+
+
+def test_convert_then_inspect(v21, tmp_path):
+    """Oracle: the converted folder inspects as LeRobot v3.0 with the same frame count and no problems."""
+    res = runner.invoke(app, ["data", "convert", str(v21), str(tmp_path / "v3"), "--to", "lerobot-v3"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["data", "inspect", str(tmp_path / "v3"), "--json"])
+    rep = json.loads(res.stdout)
+    assert (rep["format"], rep["episodes"], rep["frames"], rep["problems"]) == ("lerobot-v3.0", 2, 10, [])
+    res = runner.invoke(app, ["data", "convert", str(v21), str(tmp_path / "x"), "--to", "rlds"])
+    assert res.exit_code == 2 and "to must be 'lerobot-v3', got 'rlds'" in res.output
+
+
+def test_unknown_layout_and_metaworld_still_registered(tmp_path):
+    """Oracle: the error names the folder; `lf data metaworld --help` still works after the move."""
+    res = runner.invoke(app, ["data", "inspect", str(tmp_path)])
+    assert res.exit_code == 2 and "unknown dataset layout" in res.output
+    assert runner.invoke(app, ["data", "metaworld", "--help"]).exit_code == 0

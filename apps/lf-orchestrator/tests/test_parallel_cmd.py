@@ -1,0 +1,36 @@
+"""`lf parallel check`. Oracle: the single-process run (the harness compares against it) and the plan
+constraints (an invalid plan exits 2 before any process starts)."""
+
+from __future__ import annotations
+
+import re
+
+from typer.testing import CliRunner
+
+from lf_orchestrator.cli import app
+
+runner = CliRunner()
+
+
+def test_invalid_plan_fails_before_launch():
+    out = runner.invoke(app, ["parallel", "check", "--recipe", "llama3", "--plan", "tp=4", "--nproc", "4",
+                              "--dry-run"])
+    assert out.exit_code == 2
+    assert "parallel.tp=4 does not divide kv_heads=2 of node 'layer0.attention'" in out.output
+    assert "try dp=2 zero_stage=3 tp=2" in out.output
+    bad = runner.invoke(app, ["parallel", "check", "--recipe", "llama3", "--plan", "tp=2,wat=1", "--nproc", "2"])
+    assert bad.exit_code == 2 and "unknown key 'wat'" in bad.output
+    ok = runner.invoke(app, ["parallel", "check", "--recipe", "vla", "--plan", "tp=2,dp=2,zero=3,vision.tp=1",
+                             "--nproc", "4", "--dry-run"])
+    assert ok.exit_code == 0 and "vision.tp=1" in ok.output
+
+
+def test_check_tensor_parallel_plan_matches_single_process(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    out = runner.invoke(app, ["parallel", "check", "--recipe", "llama3", "--size", "tiny", "--plan", "tp=2,sp=1",
+                              "--nproc", "2", "--steps", "2"])
+    assert out.exit_code == 0, out.output
+    found = re.search(r"max_rel_loss=(\S+) max_rel_grad=(\S+)", out.output)
+    assert found and float(found[1]) <= 1e-5 and float(found[2]) <= 1e-5
+    assert out.output.rstrip().endswith("OK")
