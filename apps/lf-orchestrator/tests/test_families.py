@@ -169,3 +169,14 @@ def test_video_example_trains_and_lf_sample_writes_mp4(dataset_dir, tmp_path):
         with av.open(str(out)) as c:
             decoded = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
         assert len(decoded) == frames and decoded[0].shape == (32, 32, 3)
+
+
+def test_lf_eval_refuses_a_non_vla_run_naming_the_recipe(tmp_path):
+    """Oracle: the contract of `lf eval` (Meta-World closed loop is for VLA runs only): exit 2 (usage), and the
+    message names the config file, the recipe and where the family's evaluation is."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text(to_toml(load_config(EXAMPLES / "llama3_pretrain.toml")))
+    out = CliRunner().invoke(app, ["eval", str(run)])
+    assert out.exit_code == 2
+    assert "model.recipe = 'llama3'" in out.output and "metrics.jsonl" in out.output

@@ -254,6 +254,14 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
               else f"{run_dir}: no such folder")
     if episodes is not None and episodes < 1:
         _fail(f"--episodes must be >= 1, got {episodes}")
+    try:
+        recipe = load_config(run_dir / "config.toml").model.recipe
+    except ConfigError as err:
+        _fail(str(err))
+    if recipe not in ("vla", "vla_flow"):
+        _fail(f"{run_dir / 'config.toml'}: model.recipe = {recipe!r}: `lf eval` runs VLA policies in Meta-World; "
+              f"{recipe} runs evaluate during training (eval/* in metrics.jsonl)"
+              + ("; `lf sample` makes clips" if recipe == "wan_dit" else ""))
     _threads(0)
     from lf_orchestrator.evaluate import evaluate_run
     from lf_parallel import resolve_device

@@ -55,8 +55,8 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_loss_curve(run_dir: Path) -> Path | None:
-    """Write ``loss_curve.png`` (training loss against step) and return its path."""
+def plot_loss_curve(run_dir: Path, ylabel: str = "training loss") -> Path | None:
+    """Write ``loss_curve.png`` (training loss against step, y axis ``ylabel``) and return its path."""
     records = [r for r in read_metrics(run_dir) if "train/loss" in r]
     if not records:
         return None
@@ -68,7 +68,7 @@ def plot_loss_curve(run_dir: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
     ax.plot([r["step"] for r in records], [r["train/loss"] for r in records], lw=1.2)
     ax.set_xlabel("step")
-    ax.set_ylabel("action-token cross-entropy")
+    ax.set_ylabel(ylabel)
     ax.set_yscale("log")
     ax.set_title(Path(run_dir).name)
     ax.grid(alpha=0.3)

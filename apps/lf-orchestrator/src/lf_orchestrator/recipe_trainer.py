@@ -252,7 +252,7 @@ class RecipeTrainer:
                 if self.step % t.ckpt_every == 0 or self.step == t.steps:
                     self.save()
                     if self.ctx.is_main:
-                        plot_loss_curve(self.run_dir)
+                        plot_loss_curve(self.run_dir, self.family.loss_label)
             evaluation = self.evaluate() if self.cfg.eval.at_end else {}
             if evaluation:
                 logger.log(self.step, evaluation)

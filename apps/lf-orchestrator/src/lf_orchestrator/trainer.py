@@ -252,7 +252,8 @@ class Trainer:
                 if self.step % t.ckpt_every == 0 or self.step == t.steps:
                     self.save()
                     if self.ctx.is_main:
-                        plot_loss_curve(self.run_dir)
+                        plot_loss_curve(self.run_dir, "action-token cross-entropy" if self.cfg.model.recipe == "vla"
+                                        else "flow-matching loss (normalized actions)")
                 if watchdog is not None:
                     watchdog.beat()
                 if sigterm.agreed(self.ctx):  # preemption: checkpoint this step, then stop

@@ -66,7 +66,8 @@ class AttentionModule(nn.Module):
     """GQA self-attention through :func:`lf_kernels.attention`, with RoPE when the node has one.
 
     ``positions`` (batch, seq) int64 gives each token's rotary position
-    (default ``0..seq-1``); it is ignored without RoPE.
+    (default ``0..seq-1``); it is ignored without RoPE. ``document_ids`` (batch, seq)
+    int marks packed documents: attention also stays within a document (lf-kernels).
     """
 
     def __init__(self, node: Attention):
@@ -80,7 +81,7 @@ class AttentionModule(nn.Module):
         self.o = nn.Linear(node.dim, node.dim, bias=node.bias)
 
     def forward(self, x_bsd: torch.Tensor, mask: MaskSpec, key_padding: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+                positions: torch.Tensor | None = None, document_ids: torch.Tensor | None = None) -> torch.Tensor:
         b, s, _ = x_bsd.shape
         q_bhsd = self.q(x_bsd).view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k_bhsd = self.k(x_bsd).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -90,7 +91,7 @@ class AttentionModule(nn.Module):
                 positions = torch.arange(s, device=x_bsd.device).expand(b, s)
             cos, sin = rope_cos_sin(self.rope, self.head_dim, positions, q_bhsd.dtype)
             q_bhsd, k_bhsd = apply_rope(q_bhsd, cos, sin), apply_rope(k_bhsd, cos, sin)
-        out_bhsd = attention(q_bhsd, k_bhsd, v_bhsd, mask, key_padding=key_padding)
+        out_bhsd = attention(q_bhsd, k_bhsd, v_bhsd, mask, key_padding=key_padding, document_ids=document_ids)
         return self.o(out_bhsd.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -123,8 +124,9 @@ class TransformerBlockModule(nn.Module):
         self.mlp = lower_node(node.mlp)
 
     def forward(self, x_bsd: torch.Tensor, mask: MaskSpec, key_padding: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
-        x_bsd = x_bsd + self.attention(self.attn_norm(x_bsd), mask, key_padding, positions)
+                positions: torch.Tensor | None = None, document_ids: torch.Tensor | None = None) -> torch.Tensor:
+        docs = {} if document_ids is None else {"document_ids": document_ids}
+        x_bsd = x_bsd + self.attention(self.attn_norm(x_bsd), mask, key_padding, positions, **docs)
         return x_bsd + self.mlp(self.mlp_norm(x_bsd))
 
 
@@ -221,17 +223,20 @@ class ComponentModule(nn.Module):
 
     def forward(self, x: torch.Tensor, *, mask: MaskSpec | None = None,
                 key_padding: torch.Tensor | None = None, start: int = 0,
-                stop: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+                stop: int | None = None, positions: torch.Tensor | None = None,
+                document_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Apply ``layers[start:stop]``; blocks need ``mask`` (ValueError otherwise).
 
         ``positions`` (batch, seq) int64 are the rotary positions of the tokens
         (default ``0..seq-1``), used by attention nodes that carry a RoPE.
+        ``document_ids`` (batch, seq) int keeps attention within packed documents.
         """
+        docs = {} if document_ids is None else {"document_ids": document_ids}
         for layer in self.layers[start:stop]:
             if isinstance(layer, TransformerBlockModule):
                 if mask is None:
                     raise ValueError(f"component {self.lf_component.name!r}: blocks need a mask")
-                x = layer(x, mask, key_padding, positions)
+                x = layer(x, mask, key_padding, positions, **docs)
             else:
                 x = layer(x)
         return x

@@ -7,17 +7,14 @@ the head weight, chunked: the (tokens, vocab) logits are never stored; plain log
 when tensor parallelism shards the head). Evaluation: perplexity
 ``exp(mean CE)`` over the held-out rows.
 
-Document masks: rows hold several documents. ``Llama3Model`` (lf-ir) takes
-``positions`` and ``key_padding`` but no ``document_ids``, so attention is plain
-causal across the documents of a row (labels never cross a document end, and
-positions run 0..seq-1 as in unmasked packing). When the lowered attention takes
-``document_ids`` (lf-kernels' causal + documents mask) this family passes it
-together with the per-document positions (:data:`DOCUMENT_MASKS` says which).
+Document masks: rows hold several documents; each attends only within itself
+(lf-kernels' causal + documents mask through ``document_ids``) with rotary positions
+restarting at every document, so a packed row computes what its documents would
+alone, and labels never cross a document end.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import shutil
@@ -27,23 +24,22 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from lf_ir._lower import AttentionModule
 from lf_kernels import fused_linear_cross_entropy
 from lf_orchestrator.families._corpus import build_corpus, load_rows
 from lf_orchestrator.families.base import Family
 
-DOCUMENT_MASKS = "document_ids" in inspect.signature(AttentionModule.forward).parameters
-"""Whether lf-ir's attention accepts packed-document ids (False in lf-ir 0.3.0: causal across documents)."""
-
 
 def lm_loss_sum(model: nn.Module, ids_bs: torch.Tensor, labels_bs: torch.Tensor,
-                positions_bs: torch.Tensor | None = None) -> torch.Tensor:
+                positions_bs: torch.Tensor | None = None, document_ids_bs: torch.Tensor | None = None) -> torch.Tensor:
     """Cross-entropy (float32) summed over tokens whose label is not -100; ids/labels (batch, seq) int64.
 
     Runs the ``text`` component of a llama3 / qwen2-style model up to its head, then the fused linear CE.
+    ``positions_bs`` / ``document_ids_bs`` (batch, seq) int64: per-document rotary positions and the
+    packed-document ids that keep attention within each document.
     """
     text = model.components["text"]
-    h_bsd = text(ids_bs, mask=model.mask, positions=positions_bs, stop=len(text.layers) - 1)
+    h_bsd = text(ids_bs, mask=model.mask, positions=positions_bs, document_ids=document_ids_bs,
+                 stop=len(text.layers) - 1)
     head = text.layers[-1]
     weight = head._tied[0].weight if head._tied else head.weight
     if isinstance(weight, DTensor):  # tensor parallel head: gathered logits, plain CE
@@ -85,9 +81,8 @@ class LLMFamily(Family):
         return int((batch["labels"] != -100).sum())
 
     def loss_sum(self, model, batch):
-        if DOCUMENT_MASKS:  # pragma: no cover (lf-ir does not take document ids yet)
-            raise NotImplementedError("wire document_ids through Llama3Model.forward")
-        return lm_loss_sum(model, batch["input_ids"], batch["labels"]), {}
+        return lm_loss_sum(model, batch["input_ids"], batch["labels"], batch["position_ids"],
+                           batch["document_ids"]), {}
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         """Held-out perplexity ``exp(sum CE / labelled tokens)`` and the mean CE, nats per token."""
@@ -96,7 +91,7 @@ class LLMFamily(Family):
         device = next(model.parameters()).device
         for start in range(0, n, mb):
             b = {k: v[start:start + mb].long().to(device) for k, v in self.eval_rows.items()}
-            total += float(lm_loss_sum(model, b["input_ids"], b["labels"]))
+            total += float(lm_loss_sum(model, b["input_ids"], b["labels"], b["position_ids"], b["document_ids"]))
             count += self.normalizer(b)
         ce = total / max(count, 1)
         return {"eval/cross_entropy": ce, "eval/perplexity": math.exp(min(ce, 50.0)), "eval/tokens": float(count)}

@@ -145,18 +145,22 @@ class Llama3Model(nn.Module):
         return self.components["text"].blocks
 
     def forward(self, ids_bs: torch.Tensor, positions: torch.Tensor | None = None,
-                key_padding: torch.Tensor | None = None) -> torch.Tensor:
+                key_padding: torch.Tensor | None = None, document_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (batch, seq, vocab) for token ids (batch, seq) int64.
 
-        positions: optional (batch, seq) int64 rotary positions (default 0..seq-1).
+        positions: optional (batch, seq) int64 rotary positions (default 0..seq-1; restart them per
+            document for packed sequences).
         key_padding: optional (batch, seq) bool, True = real token.
+        document_ids: optional (batch, seq) int; packed documents attend only within themselves
+            (causal + documents: the varlen case of lf-kernels' attention).
 
         Raises:
             ValueError: ``ids_bs`` is not 2-D.
         """
         if ids_bs.dim() != 2:
             raise ValueError(f"input_ids: expected (batch, seq), got shape {tuple(ids_bs.shape)}")
-        return self.components["text"](ids_bs, mask=self.mask, key_padding=key_padding, positions=positions)
+        return self.components["text"](ids_bs, mask=self.mask, key_padding=key_padding, positions=positions,
+                                       document_ids=document_ids)
 
 
 def next_token_loss(logits_bsv: torch.Tensor, ids_bs: torch.Tensor) -> torch.Tensor:
