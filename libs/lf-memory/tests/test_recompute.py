@@ -13,7 +13,7 @@ from torch import nn
 from lf_memory import apply_activation_checkpointing
 from lf_memory._recompute import _apply
 
-BACKENDS = ["composable", "function"]  # public API uses "composable" when available
+BACKENDS = ["composable", "function"]  # public API uses "function"
 DIM, NUM_BLOCKS = 32, 4
 
 
@@ -95,18 +95,32 @@ def test_checkpointed_blocks_run_forward_twice(backend):
     assert blocks[0].forward_calls == 3
 
 
-def test_composable_backend_refires_forward_pre_hooks():
-    """Oracle: module docstring; the composable backend re-enters module.__call__,
-    so a forward pre-hook on a checkpointed block fires twice per step."""
+@pytest.mark.parametrize(("backend", "expected"), [("function", [1, 1, 1, 1]), ("composable", [1, 2, 1, 2])])
+def test_forward_pre_hooks_of_a_checkpointed_block(backend, expected):
+    """Oracle: module docstring; the default ("function") backend keeps the block's own hooks outside the
+    recomputed region (once per step), the composable one re-enters module.__call__ (twice)."""
     blocks = _stack()
     hook_calls = [0] * NUM_BLOCKS
     for index, block in enumerate(blocks):
         block.register_forward_pre_hook(
             lambda *_, i=index: hook_calls.__setitem__(i, hook_calls[i] + 1)
         )
-    apply_activation_checkpointing(blocks, [False, True, False, True])
+    if backend == "function":
+        apply_activation_checkpointing(blocks, [False, True, False, True])  # the public API's default
+    else:
+        _apply(blocks, [False, True, False, True], backend)
     _step(blocks, *_inputs())
-    assert hook_calls == [1, 2, 1, 2]
+    assert hook_calls == expected
+
+
+def test_deepcopy_of_a_checkpointed_block_runs_its_own_forward():
+    """Oracle: the contract of the default backend; the copy recomputes itself, not the original."""
+    blocks = _stack()
+    apply_activation_checkpointing(blocks, True)
+    copied = copy.deepcopy(blocks)
+    _step(copied, *_inputs())
+    assert [b.forward_calls for b in copied] == [2] * NUM_BLOCKS
+    assert [b.forward_calls for b in blocks] == [0] * NUM_BLOCKS
 
 
 def _saved_activation_bytes(blocks: nn.ModuleList, x: torch.Tensor) -> int:

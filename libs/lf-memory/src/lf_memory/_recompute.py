@@ -6,27 +6,34 @@ forward a second time to rebuild the activations it needs (Chen et al. 2016,
 recompute" of Megatron-LM, Korthikanti et al. 2022). The planner in lf-memory
 decides *which* blocks; this module only applies that decision.
 
-Built on PyTorch's composable ``torch.distributed._composable.checkpoint``: it
-installs forward pre/post hooks instead of wrapping the module, so parameter
+Backend (``"function"``, the default): the block's ``forward`` is replaced by
+a bound method that calls ``torch.utils.checkpoint.checkpoint(use_reentrant=
+False)`` on the original ``forward``. No submodule is added, so parameter
 names and ``state_dict`` keys stay unchanged (DCP checkpoints and HF weight
-maps keep working) and it needs no process group. It is the same mechanism
-TorchTitan uses and composes with ``fully_shard`` (apply order: TP ->
-recompute -> compile -> FSDP). Where ``torch.distributed`` is not built in,
-the fallback replaces the block's bound ``forward`` with one that calls
-``torch.utils.checkpoint.checkpoint(use_reentrant=False)``: also no new
-submodule, so keys stay unchanged too (a ``copy.deepcopy`` of such a block
-would still call the original's forward: apply it after copying).
+maps keep working), it needs no process group, and a ``copy.deepcopy`` of the
+block checkpoints the copy's own forward. Hooks registered on the block itself
+(by anyone, before or after) run once per step, *outside* the recomputed
+region; hooks of its children run inside it, in forward and again in
+recomputation. This is what lets recomputation compose with the other
+libraries that hook blocks (the semantics of torchtitan's
+``checkpoint_wrapper`` inside the FSDP unit, apply order TP -> recompute ->
+compile -> FSDP): FSDP2's pre-forward hook and lf-parallel's hooks never run
+in the recomputed region.
 
-Side effect to know: the composable backend re-runs the block through
-``module.__call__``, so forward pre-hooks of the block and hooks of its
-children fire again during recomputation (post-hooks late in the block may
-not: recomputation stops as soon as the tensors backward needs are rebuilt).
-Hooks with side effects (counters, auxiliary losses) must tolerate that.
+Backend ``"composable"`` (``torch.distributed._composable.checkpoint``, kept
+for comparison; the default up to lf-memory 0.3.0): installs forward pre/post
+hooks and recomputes through ``module.__call__``, so the block's forward
+pre-hooks, including those of other libraries, fire again during
+recomputation. That broke two compositions: a hook that splits the sequence
+(it split an already split input again: CheckpointError) and FSDP2 with a
+mixed-precision policy under selective checkpointing (FSDP's pre-forward,
+replayed inside the region, calls profiler ops that the forward never
+recorded: "profiler._record_function_enter_new ... not found in storage").
 """
 
 from __future__ import annotations
 
-import functools
+import types
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -42,10 +49,12 @@ __all__ = ["apply_activation_checkpointing"]
 
 _Backend = Literal["composable", "function"]
 _FALLBACK_MARK = "_lf_memory_checkpointed"
+_INNER_FORWARD = "_lf_memory_inner_forward"
+_CONTEXT_FN = "_lf_memory_context_fn"
 
 
 def _default_backend() -> _Backend:
-    return "composable" if _composable_checkpoint is not None else "function"
+    return "function"
 
 
 def _is_checkpointed(module: nn.Module) -> bool:
@@ -54,16 +63,22 @@ def _is_checkpointed(module: nn.Module) -> bool:
     return _composable_checkpoint is not None and _composable_checkpoint.state(module) is not None
 
 
-def _checkpoint_forward(module: nn.Module, context_fn: Callable | None = None) -> None:
-    """Fallback: route ``module.forward`` through non-reentrant checkpointing."""
-    inner_forward = module.forward
+def _checkpointed_forward(self: nn.Module, *args, **kwargs):
+    """The forward of a ``"function"``-checkpointed module (bound to it with ``types.MethodType``)."""
+    inner_forward, context_fn = self.__dict__[_INNER_FORWARD], self.__dict__[_CONTEXT_FN]
     extra = {} if context_fn is None else {"context_fn": context_fn}
+    return _checkpoint_fn(inner_forward, *args, use_reentrant=False, **extra, **kwargs)
 
-    @functools.wraps(inner_forward)
-    def forward(*args, **kwargs):
-        return _checkpoint_fn(inner_forward, *args, use_reentrant=False, **extra, **kwargs)
 
-    module.forward = forward  # instance attribute: no new submodule, same keys
+def _checkpoint_forward(module: nn.Module, context_fn: Callable | None = None) -> None:
+    """Route ``module.forward`` through non-reentrant checkpointing (the ``"function"`` backend).
+
+    Both the original forward (a bound method, or an instance-level forward set earlier) and the new one
+    are bound methods stored on the instance, so ``copy.deepcopy`` rebinds them to the copy.
+    """
+    module.__dict__[_INNER_FORWARD] = module.forward
+    module.__dict__[_CONTEXT_FN] = context_fn
+    module.forward = types.MethodType(_checkpointed_forward, module)  # no new submodule, same keys
     module.__dict__[_FALLBACK_MARK] = True
 
 
@@ -134,7 +149,8 @@ def apply_activation_checkpointing(
     during backward. Outputs and gradients are bitwise identical to running
     without recomputation when the block is deterministic (dropout is replayed
     with the saved RNG state). Parameter names and ``state_dict`` keys do not
-    change (see module docstring for the backend).
+    change. Hooks on a chosen block run once per step, outside the
+    recomputed region (see the module docstring for the backend).
 
     Args:
         blocks: the repeated blocks of a model (e.g. ``model.layers``).

@@ -2,8 +2,10 @@
 
 One entry function, :func:`apply_recompute`, turns the config's
 ``memory.recompute`` mode into per-block activation checkpointing on top of
-:func:`lf_memory._recompute._apply` (PyTorch's composable checkpoint, so
-``state_dict`` keys never change):
+:func:`lf_memory._recompute._apply` (``torch.utils.checkpoint`` around each
+block's ``forward``: ``state_dict`` keys never change, and hooks that other
+libraries put on a block, FSDP2's and lf-parallel's, stay outside the
+recomputed region, so every mode composes with TP + SP and ZeRO-2/3):
 
 - ``"none"``: nothing is recomputed; every block keeps what autograd saves.
 - ``"full"``: every block keeps only its inputs and re-runs its forward in

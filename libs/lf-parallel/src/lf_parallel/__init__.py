@@ -39,9 +39,9 @@ from lf_parallel._plan import ComponentPlan, Plan, PlanError, check_plan, choose
 from lf_parallel._ring import ring_attention
 from lf_parallel._search import Candidate, NoFeasiblePlan, SearchResult, search_plans
 from lf_parallel._stages import StageSpec, balanced_partition, split_stages, stage_ranks, trunk_component
-from lf_parallel._tensor_parallel import apply_tensor_parallel, tensor_parallel_styles
+from lf_parallel._tensor_parallel import apply_tensor_parallel, loss_parallel_context, tensor_parallel_styles
 from lf_parallel._ulysses import check_ulysses_heads, head_to_seq, seq_to_head, ulysses_attention
-from lf_parallel._zero import apply_zero, build_optimizer, mixed_precision_policy
+from lf_parallel._zero import apply_zero, build_optimizer, mixed_precision_policy, tensor_kind_groups
 
 __version__ = "0.2.0"
 
@@ -53,9 +53,9 @@ __all__ = [
     "build_mesh", "build_optimizer", "build_pipeline", "build_stage_module", "calibrate", "check_plan",
     "check_ulysses_heads", "choose_plan", "collective_time", "context_attention", "default_calibration",
     "detect_cluster", "dp_mesh", "flat_dp_group", "gather_sequence", "global_sum", "gpu_spec", "head_to_seq",
-    "init_distributed", "is_complete", "latest_checkpoint", "load_calibration", "load_checkpoint", "make_cluster",
-    "mesh_shape", "mixed_precision_policy", "parallelize", "parse_plan", "pipeline_step", "resolve_device",
-    "ring_attention", "save_calibration", "save_checkpoint", "search_plans", "seq_to_head", "shard_sequence",
-    "shutdown", "split_stages", "stage_ranks", "step_cost", "tensor_parallel_styles", "trunk_component",
-    "ulysses_attention", "unwrap", "zigzag_positions",
+    "init_distributed", "is_complete", "latest_checkpoint", "load_calibration", "load_checkpoint",
+    "loss_parallel_context", "make_cluster", "mesh_shape", "mixed_precision_policy", "parallelize", "parse_plan",
+    "pipeline_step", "resolve_device", "ring_attention", "save_calibration", "save_checkpoint", "search_plans",
+    "seq_to_head", "shard_sequence", "shutdown", "split_stages", "stage_ranks", "step_cost", "tensor_kind_groups",
+    "tensor_parallel_styles", "trunk_component", "ulysses_attention", "unwrap", "zigzag_positions",
 ]

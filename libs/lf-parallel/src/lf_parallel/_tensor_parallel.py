@@ -22,8 +22,10 @@ through the following context nodes and token-wise per-feature nodes (norms)
 keeps the residual stream split along the sequence (dim 1). Norms there get
 ``SequenceParallel``; each Megatron pair all-gathers its input and reduce-scatters
 its output. The run is entered by a reduce-scatter of a vocab-parallel
-embedding or, otherwise, a local split; it is left into a sequence-gathering
-column head or, otherwise, by an all-gather.
+embedding or, otherwise, a local split inside the first layer's forward; it is
+left into a sequence-gathering column head or, otherwise, by an all-gather.
+Boundaries live in ``forward``, not in module hooks, so activation
+recomputation of the first or last layer replays them (see :class:`_SeqBoundary`).
 
 Layouts: ``x_bsd`` (batch, seq, dim); under SP the residual ``x_bsd`` between
 modules is the local (batch, seq / tp, dim) shard.
@@ -78,33 +80,50 @@ class _SeqNorm(SequenceParallel):
 
 
 class _SeqBoundary(ParallelStyle):
-    """Hooks on a module's first positional input / its output: split the full sequence into this rank's
-    shard on entry (``scatter``), all-gather the shards on exit (``gather``), or all-gather the input
-    for a Megatron pair (``gather_input``: the DTensor stays, so the backward is one reduce-scatter)."""
+    """Sequence-parallel boundary of a module: split the full sequence of its first positional input into
+    this rank's shard (``scatter``), all-gather the shards of its output (``gather``), or all-gather the
+    input of a Megatron pair (``gather_input``: the DTensor stays, so the backward is one reduce-scatter).
+
+    The boundary runs inside the module's own ``forward`` (an instance-level wrapper), not in module hooks:
+    activation checkpointing saves a module's inputs and replays its ``forward``, so whatever the backend
+    (lf-memory's wraps ``forward``; PyTorch's composable one re-enters ``__call__`` and its hooks) the
+    replay starts from the same full input and splits it again, exactly as the forward did. As a hook, the
+    split ran outside the saved inputs and a replayed hook split the already split input a second time
+    (CheckpointError: saved (b, S, d) vs recomputed (b, S / tp, d)). Cost: a recomputed first layer keeps
+    its full (b, S, d) input instead of the (b, S / tp, d) shard (one layer of the run).
+    """
 
     def __init__(self, *, scatter: bool = False, gather: bool = False, gather_input: bool = False, where: str = ""):
         super().__init__()
         self.scatter, self.gather, self.gather_input, self.where = scatter, gather, gather_input, where
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        def pre(mod, args):
+        if not (self.scatter or self.gather_input or self.gather):
+            return module
+        inner_forward = module.forward
+        scatter, gather, gather_input, where = self.scatter, self.gather, self.gather_input, self.where
+
+        def forward(*args, **kwargs):
+            if (scatter or gather_input) and not args:
+                raise TypeError(f"sequence parallel in {where!r}: the (batch, seq, dim) input must be passed "
+                                f"positionally, got keywords {sorted(kwargs)}")
+            if not args:
+                return _gather_seq(inner_forward(**kwargs), device_mesh) if gather else inner_forward(**kwargs)
             x = args[0]
-            if self.scatter:
+            if scatter:
                 if x.shape[1] % device_mesh.size():
-                    raise ValueError(f"sequence parallel in {self.where!r}: sequence length {x.shape[1]} is not "
+                    raise ValueError(f"sequence parallel in {where!r}: sequence length {x.shape[1]} is not "
                                      f"divisible by tp={device_mesh.size()}")
                 x = DTensor.from_local(x, device_mesh, [Replicate()], run_check=False)
                 x = x.redistribute(placements=[Shard(1)]).to_local()
-            elif self.gather_input:
+            elif gather_input:
                 if not isinstance(x, DTensor):
                     x = DTensor.from_local(x, device_mesh, [Shard(1)], run_check=False)
                 x = x.redistribute(placements=[Replicate()])
-            return (x, *args[1:])
+            out = inner_forward(x, *args[1:], **kwargs)
+            return _gather_seq(out, device_mesh) if gather else out
 
-        if self.scatter or self.gather_input:
-            module.register_forward_pre_hook(pre)
-        if self.gather:
-            module.register_forward_hook(lambda mod, args, out: _gather_seq(out, device_mesh))
+        module.forward = forward  # an instance attribute: no new submodule, state_dict keys unchanged
         return module
 
 
