@@ -12,6 +12,14 @@ from typing import TYPE_CHECKING
 __version__ = "0.3.0"
 
 _WHERE = {
+    "TextStream": "_text_readers",
+    "iter_text_file": "_text_readers",
+    "load_tokenizer": "_text_readers",
+    "ImageTextStream": "_image_text",
+    "decode_image": "_image_text",
+    "ChatTemplate": "_chat_template",
+    "parse_conversation": "_chat_template",
+    "qwen2_vl_image_tokens": "_chat_template",
     "CODEBASE_VERSION": "lerobot",
     "LeRobotDataset": "lerobot",
     "compute_stats": "lerobot",
@@ -56,10 +64,12 @@ _WHERE = {
 }
 
 __all__ = [
+    "ChatTemplate",
     "CODEBASE_VERSION",
     "DataError",
     "EpisodeMeta",
     "IGNORE_INDEX",
+    "ImageTextStream",
     "LeRobotDataset",
     "LeRobotMeta",
     "LeRobotStream",
@@ -69,6 +79,7 @@ __all__ = [
     "ResumableSampler",
     "RLBenchDataset",
     "RLDSDataset",
+    "TextStream",
     "VideoInfo",
     "VLABatchEncoder",
     "balance_by_cost",
@@ -77,6 +88,7 @@ __all__ = [
     "convert_dataset",
     "cost_coefficients",
     "count_frames",
+    "decode_image",
     "delta_indices",
     "detect_format",
     "encode_instructions",
@@ -84,13 +96,17 @@ __all__ = [
     "imbalance",
     "inspect_dataset",
     "iter_packed",
+    "iter_text_file",
     "iter_tfrecord",
     "load_lerobot_meta",
+    "load_tokenizer",
     "metaworld_episode_seed",
     "pack_sequences",
     "packed_attention_mask",
     "packing_efficiency",
+    "parse_conversation",
     "parse_example",
+    "qwen2_vl_image_tokens",
     "read_video_frames",
     "row_costs",
     "sample_costs",
@@ -101,12 +117,15 @@ __all__ = [
 
 if TYPE_CHECKING:
     from ._balance import balance_by_cost, cost_coefficients, imbalance, row_costs, sample_costs
+    from ._chat_template import ChatTemplate, parse_conversation, qwen2_vl_image_tokens
     from ._errors import DataError
+    from ._image_text import ImageTextStream, decode_image
     from ._inspect import convert_dataset, inspect_dataset
     from ._lerobot_meta import EpisodeMeta, LeRobotMeta, detect_format, load_lerobot_meta
     from ._lerobot_stream import LeRobotStream, delta_indices
     from ._lerobot_video_writer import write_lerobot_video
     from ._packing import PackedBatch, iter_packed, pack_sequences, packed_attention_mask, packing_efficiency
+    from ._text_readers import TextStream, iter_text_file, load_tokenizer
     from ._video import VideoInfo, count_frames, read_video_frames, write_video
     from ._vla_batch import IGNORE_INDEX, VLABatchEncoder
     from .lerobot import CODEBASE_VERSION, LeRobotDataset, compute_stats, write_lerobot_v3
