@@ -66,7 +66,8 @@ def save_checkpoint(run_dir: Path, step: int, model_state: dict[str, torch.Tenso
 
 
 def _complete(path: Path) -> bool:
-    return (path / MODEL_FILE).is_file() and (path / STATE_FILE).is_file()
+    """Both files of this module's layout, or the llm/vlm/video families' DCP folder with its marker."""
+    return (path / MODEL_FILE).is_file() and (path / STATE_FILE).is_file() or (path / ".lf_complete").is_file()
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

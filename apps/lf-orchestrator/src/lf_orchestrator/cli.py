@@ -19,9 +19,10 @@ from rich.table import Table
 
 from lf_orchestrator import __version__
 from lf_orchestrator.config import ConfigError, check_resume_overrides, json_schema, load_config, to_toml
+from lf_orchestrator.convert_cmd import convert_app
 from lf_orchestrator.data_cmd import data_app
 from lf_orchestrator.families import FAMILY_RECIPES
-from lf_orchestrator.ir_cmd import convert_app, ir_app
+from lf_orchestrator.ir_cmd import ir_app
 from lf_orchestrator.launch_cmd import launch
 from lf_orchestrator.parallel_cmd import parallel_app
 from lf_orchestrator.plan_cmd import memory_cmd, plan_cmd

@@ -105,6 +105,9 @@ class TrainSection(_Section):
     """Steps between checkpoints."""
     keep_checkpoints: int = 2
     """Checkpoints kept (oldest deleted)."""
+    async_checkpoint: bool = False
+    """llm/vlm/video families: write checkpoints in the background (DCP ``async_save``); the state is copied to
+    CPU memory at the step, the previous save is awaited before the next one and at exit."""
     on_nonfinite: Literal["stop", "skip", "rollback"] = "stop"
     """NaN/inf loss or gradient norm: ``stop`` the run, ``skip`` the update, or ``rollback`` to the latest
     checkpoint without replaying the batches since (see ``lf_orchestrator.faults``)."""
@@ -355,7 +358,7 @@ def _check_model(cfg: Config, where: str) -> None:
 
 
 RESUME_KEYS = ("train.steps", "train.log_every", "train.ckpt_every", "train.keep_checkpoints",
-               "train.on_nonfinite", "train.hang_timeout_s", "train.on_hang",
+               "train.async_checkpoint", "train.on_nonfinite", "train.hang_timeout_s", "train.on_hang",
                "run.device", "run.threads", "eval.")
 """Keys ``--set`` may change on ``--resume``; the rest are fixed by the checkpoint."""
 

@@ -1,24 +1,15 @@
-"""`lf ir show` and `lf convert import-hf|export-hf`: the IR and checkpoint interop on the command line.
-
-An lf model folder holds ``model.json`` (recipe and recipe config) and
-``model.safetensors`` (weights under lf's names); HF folders hold ``config.json``
-and safetensors as ``save_pretrained`` writes them. No pickle is ever read.
-"""
+"""`lf ir show`: parameters, FLOPs and the per-component cost table of any recipe's IR graph."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 
 ir_app = typer.Typer(help="Inspect model graphs of the unified IR.", no_args_is_help=True)
-convert_app = typer.Typer(help="Convert checkpoints between lf and Hugging Face formats.",
-                          no_args_is_help=True)
 console = Console(stderr=True)
-CONVERTIBLE = ("llama3",)
 
 
 def _fail(message: str) -> None:
@@ -109,59 +100,3 @@ def show(recipe: Annotated[str, typer.Option(help="Recipe name (any of lf_ir.rec
     print(f"FLOPs per sample: forward {fwd:.4g}, forward + backward {fwd + bwd:.4g} (dense attention)")
     print(f"FLOPs per token:  forward {fwd / tokens:.4g}, forward + backward {(fwd + bwd) / tokens:.4g}")
     print(cost_table(cost))
-
-
-@convert_app.command("import-hf")
-def import_hf(src: Annotated[Path, typer.Argument(help="HF model folder (config.json + safetensors).")],
-              dst: Annotated[Path, typer.Argument(help="lf model folder to write.")],
-              recipe: Annotated[str, typer.Option(help="Recipe of the model.")] = "llama3"):
-    """Read an HF checkpoint into an lf model folder (model.json + model.safetensors)."""
-    if recipe not in CONVERTIBLE:
-        _fail(f"--recipe: no HF converter for {recipe!r}; available: {list(CONVERTIBLE)}")
-    if not (src / "config.json").is_file():
-        _fail(f"{src}: not an HF model folder (no config.json)")
-    import msgspec
-    from safetensors.torch import save_file
-
-    from lf_ir.interop import import_hf_llama
-    from lf_orchestrator.checkpoint import write_text_atomic
-
-    try:
-        cfg, state = import_hf_llama(src)
-    except (ValueError, KeyError, FileNotFoundError) as err:
-        _fail(f"{src}: {err}")
-    dst.mkdir(parents=True, exist_ok=True)
-    tmp = dst / ".model.safetensors.tmp"
-    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp), metadata={"format": "pt"})
-    tmp.replace(dst / "model.safetensors")
-    write_text_atomic(dst / "model.json", json.dumps(
-        {"recipe": recipe, "config": msgspec.to_builtins(cfg)}, indent=1))
-    console.print(f"wrote {dst} ({sum(v.numel() for v in state.values()):,} parameters)")
-
-
-@convert_app.command("export-hf")
-def export_hf(src: Annotated[Path, typer.Argument(help="lf model folder (model.json + model.safetensors).")],
-              dst: Annotated[Path, typer.Argument(help="HF model folder to write.")]):
-    """Write an lf model folder as an HF checkpoint that `from_pretrained` loads."""
-    if not (src / "model.json").is_file() or not (src / "model.safetensors").is_file():
-        _fail(f"{src}: not an lf model folder (needs model.json and model.safetensors)")
-    spec = json.loads((src / "model.json").read_text())
-    if spec.get("recipe") not in CONVERTIBLE:
-        _fail(f"{src / 'model.json'}: recipe: no HF converter for {spec.get('recipe')!r}; "
-              f"available: {list(CONVERTIBLE)}")
-    import msgspec
-    import torch
-    from safetensors.torch import load_file
-
-    from lf_ir.interop import export_hf_llama
-    from lf_ir.recipes.llama3 import Llama3Config, Llama3Model
-
-    try:
-        cfg = msgspec.convert(spec["config"], Llama3Config)
-    except (msgspec.ValidationError, KeyError) as err:
-        _fail(f"{src / 'model.json'}: config: {err}")
-    with torch.device("meta"):
-        model = Llama3Model(cfg)
-    model.load_state_dict(load_file(str(src / "model.safetensors")), strict=True, assign=True)
-    export_hf_llama(model, dst)
-    console.print(f"wrote {dst}")

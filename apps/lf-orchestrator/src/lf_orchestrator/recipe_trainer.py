@@ -10,8 +10,15 @@ Losses are normalized by the target units (tokens with a label, or samples) of t
 whole global batch, over micro-batches and data-parallel ranks: each micro-batch
 contributes ``loss_sum * dp / global_units`` and DDP / FSDP average gradients over
 the dp ranks, so any split gives the gradient of one large batch. Tensor-parallel
-ranks of one dp rank see the same batch. Checkpoints are ``checkpoint.py``'s atomic
-folders with full (gathered) state, so a run resumes exactly, under any plan.
+ranks of one dp rank see the same batch.
+
+Checkpoints are sharded DCP folders (:mod:`lf_orchestrator.families._state`): every
+rank writes its own shards of the model and optimizer; the scheduler, loss scaler,
+each dp rank's sampler position, each rank's RNG state, the step and the plan go
+with them. Written atomically (``latest`` only ever names a complete folder), the
+newest ``train.keep_checkpoints`` kept, in the background with
+``train.async_checkpoint``. A run resumes bit for bit under its own plan, and under
+another plan or world size DCP reshards the state (logged).
 """
 
 from __future__ import annotations
@@ -28,10 +35,18 @@ from torch import nn
 
 from lf_data import ResumableSampler
 from lf_memory import DynamicLossScaler, apply_recompute, resolve_precision
-from lf_orchestrator.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, write_text_atomic
+from lf_orchestrator.checkpoint import write_text_atomic
 from lf_orchestrator.families import family_module
 from lf_orchestrator.families._plan import resolve_plan
-from lf_orchestrator.families._state import gather_state, load_state
+from lf_orchestrator.families._state import (
+    FamilyCheckpointer,
+    describe_reshard,
+    gather_objects,
+    latest_checkpoint,
+    reshard_sampler,
+    rng_state,
+    set_rng_state,
+)
 from lf_orchestrator.families.base import LossModule
 from lf_orchestrator.families.lora import apply_lora, freeze
 from lf_orchestrator.metrics import MetricsLogger, plot_loss_curve
@@ -129,6 +144,10 @@ class RecipeTrainer:
         self.sampler = ResumableSampler(self.family.num_samples, batch_size=self.plan.micro_batch, seed=cfg.run.seed,
                                         rank=self.dp_rank, world_size=self.plan.dp)
         self.step = 0
+        self.checkpointer = FamilyCheckpointer(self.run_dir, distributed=ctx.distributed, keep=t.keep_checkpoints,
+                                               async_save=t.async_checkpoint)
+        self.resharded: str | None = None
+        """Log line when the resumed checkpoint was written under another plan or world size."""
         ckpt = latest_checkpoint(self.run_dir) if resume else None
         if resume and ckpt is None:
             raise FileNotFoundError(f"--resume {self.run_dir}: no complete checkpoint under "
@@ -159,32 +178,40 @@ class RecipeTrainer:
             for g in groups[1:]:
                 opt.add_param_group(g)
             return opt
-        return torch.optim.AdamW(groups, lr=t.lr, betas=(0.9, 0.95))
+        from lf_parallel import tensor_kind_groups
+
+        # AdamW's foreach / fused kernels (the GPU default) cannot mix plain tensors and DTensors in one group.
+        return torch.optim.AdamW(tensor_kind_groups(groups), lr=t.lr, betas=(0.9, 0.95))
 
     def _restore(self, path: Path) -> None:
-        model_sd, state = load_checkpoint(path, "cpu")
-        load_state(self.state_module, self.optimizer, model_sd, state["optimizer"])
+        """Load checkpoint ``path`` (written under any plan) into this run's sharded model and optimizer,
+        and its scheduler, loss scaler, sampler position, RNG states and step."""
+        state, extra = self.checkpointer.load(path, self.state_module, self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
-        self.sampler.load_state_dict(state["sampler"][self.dp_rank] if isinstance(state["sampler"], list)
-                                     else state["sampler"])
+        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr(), strict=True):
+            group["lr"] = lr  # ZeRO-1's wrapper groups are not in the (local) optimizer state
+        sampler, note = reshard_sampler(state["sampler"], self.dp_rank, self.plan.dp)
+        self.sampler.load_state_dict({"epoch": sampler["epoch"], "offset": sampler["offset"]})
         self.scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["rng_cpu"].cpu())
+        rngs = state["rng"]
+        set_rng_state(rngs[self.ctx.rank] if len(rngs) == self.ctx.world_size else rngs[0], self.ctx.device)
         self.step = int(state["step"])
+        self.resharded = describe_reshard(extra, self.plan.describe(), self.ctx.world_size)
+        if self.resharded and note:
+            self.resharded += f"; {note}"
 
-    def save(self) -> Path | None:
-        """Checkpoint the current step; every rank gathers, rank 0 writes."""
-        model_sd, optim_sd = gather_state(self.state_module, self.optimizer, self.ctx.is_main)
-        samplers = [self.sampler.state_dict()]
-        if self.ctx.distributed:  # every dp rank's sampler position (tp ranks repeat their dp rank's)
-            gathered: list = [None] * self.ctx.world_size
-            torch.distributed.all_gather_object(gathered, (self.dp_rank, self.sampler.state_dict()))
-            samplers = [s for _, s in sorted(dict(gathered).items())]
-        if not self.ctx.is_main:
-            return None
-        state = {"step": self.step, "optimizer": optim_sd, "scheduler": self.scheduler.state_dict(),
-                 "sampler": samplers, "rng_cpu": torch.get_rng_state(), "plan": self.plan.describe(),
-                 "scaler": self.scaler.state_dict()}
-        return save_checkpoint(self.run_dir, self.step, model_sd, state, keep=self.cfg.train.keep_checkpoints)
+    def save(self) -> Path:
+        """Checkpoint the current step (call on every rank): each rank writes its shards, rank 0 the rest.
+
+        With ``train.async_checkpoint`` the write continues in the background (awaited by the next save and
+        at the end of :meth:`fit`); returns the checkpoint folder."""
+        per_rank = gather_objects((self.dp_rank, self.sampler.state_dict(), rng_state(self.ctx.device)),
+                                  self.ctx.distributed)
+        samplers = dict((dp_rank, s) for dp_rank, s, _ in per_rank)  # tp ranks repeat their dp rank's
+        state = {"step": self.step, "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+                 "sampler": [samplers[r] for r in range(self.plan.dp)], "rng": [r for _, _, r in per_rank],
+                 "plan": self.plan.describe()}
+        return self.checkpointer.save(self.step, self.state_module, self.optimizer, state, self.plan.describe())
 
     def _micro_batch(self) -> dict[str, torch.Tensor]:
         idx = [next(self._indices) for _ in range(self.plan.micro_batch)]
@@ -253,10 +280,12 @@ class RecipeTrainer:
                     self.save()
                     if self.ctx.is_main:
                         plot_loss_curve(self.run_dir, self.family.loss_label)
+            self.checkpointer.close()
             evaluation = self.evaluate() if self.cfg.eval.at_end else {}
             if evaluation:
                 logger.log(self.step, evaluation)
         finally:
+            self.checkpointer.wait()  # a failed step still leaves the save in flight committed
             logger.close()
         return {"steps": self.step, "resumed_from": start, "seconds": time.perf_counter() - t0, "final": last,
                 "eval": evaluation, "plan": self.plan.describe()}
@@ -286,6 +315,9 @@ def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None,
     if ctx.is_main and resume is not None:
         write_text_atomic(run_dir / "config.toml", to_toml(cfg))
         console.print(f"resumed from step {trainer.step} of {cfg.train.steps}")
+        if trainer.resharded:
+            console.print(trainer.resharded, highlight=False)
+            trainer.plan_info["resharded_from"] = trainer.resharded
     if trainer.step >= cfg.train.steps:
         if ctx.is_main:
             console.print("the run is already finished; raise train.steps with --set to continue")

@@ -18,7 +18,17 @@
 """
 
 from lf_parallel._calibrate import Calibration, calibrate, default_calibration, load_calibration, save_calibration
-from lf_parallel._checkpoint import MARKER, is_complete, latest_checkpoint, load_checkpoint, save_checkpoint
+from lf_parallel._checkpoint import (
+    MARKER,
+    PendingCheckpoint,
+    async_save_checkpoint,
+    checkpoint_extra,
+    is_complete,
+    latest_checkpoint,
+    load_checkpoint,
+    read_full_tensors,
+    save_checkpoint,
+)
 from lf_parallel._cluster import GPU_CATALOGUE, Cluster, ClusterError, GPUSpec, detect_cluster, gpu_spec, make_cluster
 from lf_parallel._comm_model import bubble_fraction, bubble_micro_batches, collective_time
 from lf_parallel._context import (
@@ -47,15 +57,16 @@ __version__ = "0.2.0"
 
 __all__ = [
     "Calibration", "Candidate", "Cluster", "ClusterError", "ComponentPlan", "ContextParallel", "DistContext",
-    "GPUSpec", "GPU_CATALOGUE", "MARKER", "MESH_DIMS", "NoFeasiblePlan", "PipelineStageModule", "Plan", "PlanError",
-    "SCHEDULES", "SearchResult", "StageSpec", "StepCost", "apply_context_parallel", "apply_data_parallel",
-    "apply_tensor_parallel", "apply_zero", "balanced_partition", "bubble_fraction", "bubble_micro_batches",
-    "build_mesh", "build_optimizer", "build_pipeline", "build_stage_module", "calibrate", "check_plan",
-    "check_ulysses_heads", "choose_plan", "collective_time", "context_attention", "default_calibration",
-    "detect_cluster", "dp_mesh", "flat_dp_group", "gather_sequence", "global_sum", "gpu_spec", "head_to_seq",
-    "init_distributed", "is_complete", "latest_checkpoint", "load_calibration", "load_checkpoint",
-    "loss_parallel_context", "make_cluster", "mesh_shape", "mixed_precision_policy", "parallelize", "parse_plan",
-    "pipeline_step", "resolve_device", "ring_attention", "save_calibration", "save_checkpoint", "search_plans",
-    "seq_to_head", "shard_sequence", "shutdown", "split_stages", "stage_ranks", "step_cost", "tensor_kind_groups",
+    "GPUSpec", "GPU_CATALOGUE", "MARKER", "MESH_DIMS", "NoFeasiblePlan", "PendingCheckpoint", "PipelineStageModule",
+    "Plan", "PlanError", "SCHEDULES", "SearchResult", "StageSpec", "StepCost", "apply_context_parallel",
+    "apply_data_parallel", "apply_tensor_parallel", "apply_zero", "async_save_checkpoint", "balanced_partition",
+    "bubble_fraction", "bubble_micro_batches", "build_mesh", "build_optimizer", "build_pipeline",
+    "build_stage_module", "calibrate", "check_plan", "check_ulysses_heads", "checkpoint_extra", "choose_plan",
+    "collective_time", "context_attention", "default_calibration", "detect_cluster", "dp_mesh", "flat_dp_group",
+    "gather_sequence", "global_sum", "gpu_spec", "head_to_seq", "init_distributed", "is_complete",
+    "latest_checkpoint", "load_calibration", "load_checkpoint", "loss_parallel_context", "make_cluster",
+    "mesh_shape", "mixed_precision_policy", "parallelize", "parse_plan", "pipeline_step", "read_full_tensors",
+    "resolve_device", "ring_attention", "save_calibration", "save_checkpoint", "search_plans", "seq_to_head",
+    "shard_sequence", "shutdown", "split_stages", "stage_ranks", "step_cost", "tensor_kind_groups",
     "tensor_parallel_styles", "trunk_component", "ulysses_attention", "unwrap", "zigzag_positions",
 ]

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from lf_ir.flow import euler_sample, sampling_sigmas, timesteps_from_sigmas
-from lf_orchestrator.checkpoint import latest_checkpoint, load_checkpoint
+from lf_orchestrator.checkpoint import latest_checkpoint
+from lf_orchestrator.families._state import load_model_weights
 from lf_orchestrator.families._video_data import build_vae, encode_text, load_text_encoder
 from lf_orchestrator.families.lora import apply_lora
 from lf_orchestrator.families.recipes import build_model, recipe_config
@@ -32,8 +33,7 @@ def load_video_model(cfg, run_dir: Path, device: torch.device | str = "cpu"):
     model = build_model(cfg.model.recipe, rcfg, graph, device, cfg.run.seed)
     if cfg.train.lora_rank > 0:
         apply_lora(model, cfg.train.lora_targets, cfg.train.lora_rank, cfg.train.lora_alpha, seed=cfg.run.seed)
-    weights, _ = load_checkpoint(ckpt, device)
-    model.load_state_dict(weights)
+    model.load_state_dict(load_model_weights(ckpt))
     return model.eval()
 
 

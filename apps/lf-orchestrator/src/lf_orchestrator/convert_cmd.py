@@ -1,0 +1,99 @@
+"""`lf convert import-hf|export-hf`: checkpoints between lf and the peers users know.
+
+An lf model folder holds ``model.json`` (recipe and recipe config) and
+``model.safetensors`` (weights under lf's names). Peer folders are what
+``save_pretrained`` writes: ``config.json`` plus safetensors, from HF
+``transformers`` (Llama 3, Qwen2-VL) or ``diffusers`` (Wan2.1 DiT and VAE). The
+converters live in ``lf_ir.interop``; this module only reads and writes folders.
+No pickle is ever read; the lf folder is written atomically file by file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+convert_app = typer.Typer(help="Convert checkpoints between lf and Hugging Face (transformers, diffusers) formats.",
+                          no_args_is_help=True)
+console = Console(stderr=True)
+
+CONVERTERS: dict[str, tuple[str, str, str, str, str]] = {
+    "llama3": ("import_hf_llama", "export_hf_llama", "llama3", "Llama3Config", "Llama3Model"),
+    "qwen2_vl": ("import_hf_qwen2_vl", "export_hf_qwen2_vl", "qwen2_vl", "Qwen2VLConfig", "Qwen2VLModel"),
+    "wan_dit": ("import_diffusers_wan", "export_diffusers_wan", "wan_dit", "WanDiTConfig", "WanDiTModel"),
+    "wan_vae": ("import_diffusers_wan_vae", "export_diffusers_wan_vae", "wan_vae", "WanVAEConfig", "WanVAE"),
+}
+"""Recipe -> (import function, export function in ``lf_ir.interop``, recipe module, config class, model class)."""
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _check_recipe(recipe: object, where: str) -> str:
+    if recipe not in CONVERTERS:
+        _fail(f"{where}: no converter for {recipe!r}; available: {list(CONVERTERS)}")
+    return str(recipe)
+
+
+@convert_app.command("import-hf")
+def import_hf(src: Annotated[Path, typer.Argument(help="Peer model folder (config.json + safetensors).")],
+              dst: Annotated[Path, typer.Argument(help="lf model folder to write.")],
+              recipe: Annotated[str, typer.Option(help=f"Recipe of the model: {', '.join(CONVERTERS)}.")] = "llama3"):
+    """Read a transformers / diffusers checkpoint into an lf model folder (model.json + model.safetensors)."""
+    _check_recipe(recipe, "--recipe")
+    if not (src / "config.json").is_file():
+        _fail(f"{src}: not a Hugging Face model folder (no config.json)")
+    import msgspec
+    from safetensors.torch import save_file
+
+    from lf_ir import interop
+    from lf_orchestrator.checkpoint import write_text_atomic
+
+    try:
+        cfg, state = getattr(interop, CONVERTERS[recipe][0])(src)
+    except (ValueError, KeyError, FileNotFoundError) as err:
+        _fail(f"{src}: {err}")
+    dst.mkdir(parents=True, exist_ok=True)
+    tmp = dst / ".model.safetensors.tmp"
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp), metadata={"format": "pt"})
+    tmp.replace(dst / "model.safetensors")
+    write_text_atomic(dst / "model.json", json.dumps(
+        {"recipe": recipe, "config": msgspec.to_builtins(cfg)}, indent=1))
+    console.print(f"wrote {dst} ({sum(v.numel() for v in state.values()):,} parameters)")
+
+
+@convert_app.command("export-hf")
+def export_hf(src: Annotated[Path, typer.Argument(help="lf model folder (model.json + model.safetensors).")],
+              dst: Annotated[Path, typer.Argument(help="Peer model folder to write.")]):
+    """Write an lf model folder as a checkpoint that the peer's `from_pretrained` loads."""
+    if not (src / "model.json").is_file() or not (src / "model.safetensors").is_file():
+        _fail(f"{src}: not an lf model folder (needs model.json and model.safetensors)")
+    spec = json.loads((src / "model.json").read_text())
+    recipe = _check_recipe(spec.get("recipe"), f"{src / 'model.json'}: recipe")
+    import msgspec
+    import torch
+    from safetensors.torch import load_file
+
+    from lf_ir import interop
+
+    _, export_name, module_name, cfg_name, model_name = CONVERTERS[recipe]
+    module = importlib.import_module(f"lf_ir.recipes.{module_name}")
+    try:
+        cfg = msgspec.convert(spec["config"], getattr(module, cfg_name))
+    except (msgspec.ValidationError, KeyError) as err:
+        _fail(f"{src / 'model.json'}: config: {err}")
+    with torch.device("meta"):
+        model = getattr(module, model_name)(cfg)
+    try:
+        model.load_state_dict(load_file(str(src / "model.safetensors")), strict=True, assign=True)
+    except RuntimeError as err:
+        _fail(f"{src / 'model.safetensors'}: weights do not fit the {recipe} config in model.json: {err}")
+    getattr(interop, export_name)(model, dst)
+    console.print(f"wrote {dst}")
