@@ -91,7 +91,8 @@ class AttentionModule(nn.Module):
                 positions = torch.arange(s, device=x_bsd.device).expand(b, s)
             cos, sin = rope_cos_sin(self.rope, self.head_dim, positions, q_bhsd.dtype)
             q_bhsd, k_bhsd = apply_rope(q_bhsd, cos, sin), apply_rope(k_bhsd, cos, sin)
-        out_bhsd = attention(q_bhsd, k_bhsd, v_bhsd, mask, key_padding=key_padding, document_ids=document_ids)
+        docs = {} if document_ids is None else {"document_ids": document_ids}
+        out_bhsd = attention(q_bhsd, k_bhsd, v_bhsd, mask, key_padding=key_padding, **docs)
         return self.o(out_bhsd.transpose(1, 2).reshape(b, s, -1))
 
 
