@@ -65,3 +65,19 @@ def test_memory_matches_estimator():
     assert d["gib"]["total"] == pytest.approx(est.total / GIB) and d["fits"] is True
     out = runner.invoke(app, ["memory", "--recipe", "llama3", "--size", "70B", "--seq", "8192", "--gpu", "h100"])
     assert out.exit_code == 0 and "does NOT fit" in out.output
+
+
+def test_memory_refuses_plans_that_cannot_run_and_exits_1_when_over_memory():
+    """Oracle: check_plan's constraints (degrees multiply to the GPUs; tp divides heads) and the contract
+    that a plan over the GPU's memory exits 1."""
+    from typer.testing import CliRunner
+
+    from lf_orchestrator.cli import app
+
+    base = ["memory", "--recipe", "llama3", "--size", "8B", "--seq", "8192", "--gpu", "h100"]
+    r = CliRunner().invoke(app, [*base, "--gpus", "8", "--plan", "tp=16"])
+    assert r.exit_code == 2 and "must equal the number of processes (8)" in r.output
+    r = CliRunner().invoke(app, [*base, "--gpus", "3", "--plan", "tp=3"])
+    assert r.exit_code == 2 and "tp=3 does not divide" in r.output
+    r = CliRunner().invoke(app, [*base, "--gpus", "1", "--plan", "dp=1"])
+    assert r.exit_code == 1 and "does NOT fit" in r.output

@@ -82,17 +82,47 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
+class CheckpointError(ValueError):
+    """A checkpoint folder that exists but cannot be used; the message names the file and what to do."""
+
+
+def damaged(path: Path, name: str, err: BaseException | str) -> CheckpointError:
+    """The error for an unreadable or invalid file ``name`` of checkpoint folder ``path``.
+
+    The message names the file and says to delete the folder so that resuming takes the
+    previous checkpoint; it never repeats a library's advice to load without ``weights_only``.
+    """
+    why = err if isinstance(err, str) else f"{type(err).__name__}"
+    return CheckpointError(f"checkpoint {path}: {name} is damaged ({why}); delete {path} to resume from the "
+                           f"previous checkpoint")
+
+
+def check_finite_state(path: Path, name: str, state: dict[str, torch.Tensor]) -> None:
+    """Raise :class:`CheckpointError` naming the first floating tensor of ``state`` with NaN/inf values."""
+    for key, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise damaged(path, name, f"tensor {key!r} holds NaN or inf")
+
+
 def load_checkpoint(path: Path, device: torch.device | str = "cpu"
                     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(model state, training state) of a checkpoint folder; no arbitrary unpickling.
 
     Raises:
         FileNotFoundError: naming the missing file.
+        CheckpointError: a file that does not parse, or weights holding NaN/inf (names the file and tensor).
     """
     path = Path(path)
     for f in (MODEL_FILE, STATE_FILE):
         if not (path / f).is_file():
             raise FileNotFoundError(f"checkpoint {path}: missing {f}")
-    model_state = load_file(str(path / MODEL_FILE), device=str(device))
-    train_state = torch.load(path / STATE_FILE, map_location=device, weights_only=True)
+    try:
+        model_state = load_file(str(path / MODEL_FILE), device=str(device))
+    except Exception as err:  # safetensors raises its own error types for truncated or garbled files
+        raise damaged(path, MODEL_FILE, err) from None
+    check_finite_state(path, MODEL_FILE, model_state)
+    try:
+        train_state = torch.load(path / STATE_FILE, map_location=device, weights_only=True)
+    except Exception as err:  # UnpicklingError, EOFError, RuntimeError on truncated zip archives
+        raise damaged(path, STATE_FILE, err) from None
     return model_state, train_state

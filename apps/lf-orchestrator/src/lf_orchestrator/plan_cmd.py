@@ -156,6 +156,7 @@ def memory_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt
     """Peak memory per GPU of one plan, by kind, and whether it fits the GPU."""
     from lf_memory._estimate import estimate_memory
     from lf_orchestrator.config import ConfigError
+    from lf_parallel import check_plan
     from lf_parallel._cluster import ClusterError
     from lf_parallel._plan import PlanError, parse_plan
 
@@ -163,6 +164,8 @@ def memory_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt
         graph, tokens, _ = resolve_model(config, recipe, size, seq, frames, height, width)
         parsed = parse_plan(plan, precision=precision)
         cluster = resolve_cluster(gpus or parsed.world_size, gpus_per_node, gpu, inter_node_gbps)
+        # the plan must run on these GPUs and divide this model (heads, widths, layers), as before a launch
+        check_plan(parsed, world_size=gpus or parsed.world_size, global_batch=parsed.global_batch, graph=graph)
         est = estimate_memory(graph, parsed, seq=tokens, precision=precision, recompute=recompute)
     except (ConfigError, ClusterError, PlanError, ValueError) as err:
         _fail(str(err))
@@ -180,3 +183,5 @@ def memory_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt
     Console().print(table)
     verdict = "fits" if est.total <= have else f"does NOT fit: {est.total / GIB:.1f} GiB needed"
     Console().print(f"{cluster.gpu.name} has {have / GIB:.1f} GiB: {verdict}", highlight=False)
+    if est.total > have:
+        raise typer.Exit(1)

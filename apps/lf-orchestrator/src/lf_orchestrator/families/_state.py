@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lf_orchestrator.checkpoint import write_text_atomic
+from lf_orchestrator.checkpoint import damaged, write_text_atomic
 from lf_parallel import (
     MARKER,
     PendingCheckpoint,
@@ -187,8 +187,14 @@ class FamilyCheckpointer:
         if not state_file.is_file():
             raise FileNotFoundError(f"checkpoint {path}: missing {TRAIN_STATE_FILE} (found {MARKER}: written by "
                                     f"another trainer?)")
-        load_checkpoint(path, module, optimizer)
-        train_state = torch.load(state_file, map_location="cpu", weights_only=True)
+        try:
+            load_checkpoint(path, module, optimizer)
+        except Exception as err:  # DCP raises CheckpointException / RuntimeError on torn or garbled shards
+            raise damaged(path, "the DCP shards", err) from None
+        try:
+            train_state = torch.load(state_file, map_location="cpu", weights_only=True)
+        except Exception as err:
+            raise damaged(path, TRAIN_STATE_FILE, err) from None
         return train_state, extra
 
 
