@@ -64,7 +64,7 @@ def test_memory_matches_estimator():
     est = estimate_memory(graph, parse_plan("dp=2,zero=3", precision="bf16"), recompute="full")
     assert d["gib"]["total"] == pytest.approx(est.total / GIB) and d["fits"] is True
     out = runner.invoke(app, ["memory", "--recipe", "llama3", "--size", "70B", "--seq", "8192", "--gpu", "h100"])
-    assert out.exit_code == 0 and "does NOT fit" in out.output
+    assert out.exit_code == 1 and "does NOT fit" in out.output
 
 
 def test_memory_refuses_plans_that_cannot_run_and_exits_1_when_over_memory():
