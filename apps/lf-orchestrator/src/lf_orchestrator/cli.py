@@ -49,7 +49,7 @@ SetOpt = Annotated[Optional[list[str]], typer.Option(
 
 
 PREEMPTED_EXIT = 143
-"""Exit code of a run stopped by SIGTERM after saving (128 + SIGTERM, as a shell reports it)."""
+"""Exit code of a run stopped by SIGTERM after saving (128 + SIGTERM, as a shell reports it; SIGINT: 130)."""
 
 
 def _fail(message: str) -> None:
@@ -227,9 +227,9 @@ def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = 
         summary = trainer.fit(on_step)
     if summary.get("preempted"):
         if ctx.is_main:
-            console.print(f"SIGTERM: saved step {summary['steps']} and stopped; continue with "
-                          f"`lf run --resume {run_dir}`")
-        raise typer.Exit(PREEMPTED_EXIT)
+            console.print(f"{summary.get('signal', 'SIGTERM')}: saved step {summary['steps']} and stopped; "
+                          f"continue with `lf run --resume {run_dir}`")
+        raise typer.Exit(summary.get("exit_code", PREEMPTED_EXIT))
     if not ctx.is_main:
         return
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=1))

@@ -5,8 +5,9 @@
   batch is consumed); ``rollback`` reloads the latest checkpoint's weights, optimizer, schedule and RNG but
   keeps the data position, so the batches that led to the blow-up are not replayed (the recovery of PaLM,
   Chowdhery et al. 2022, section 5.1). Every event is appended to ``faults.jsonl`` in the run folder.
-* SIGTERM: the handler only sets a flag; at the end of the step every rank agrees (one all-reduce), the
-  step is checkpointed and the run stops (``lf run`` exits with 143). A second SIGTERM kills at once.
+* SIGTERM (preemption) and SIGINT (Ctrl-C): the handler only sets a flag; at the end of the step every rank
+  agrees (one all-reduce), the step is checkpointed and the run stops (``lf run`` exits with 143 / 130 and
+  prints the resume command). A second signal kills at once.
 * Hangs: :class:`lf_orchestrator.watchdog.Watchdog` (``train.hang_timeout_s``).
 
 Every decision is taken on values all ranks share (all-reduced loss, the data-parallel gradient norm),
@@ -68,38 +69,62 @@ def read_faults(run_dir: Path) -> list[dict]:
 
 
 class SigtermFlag:
-    """Turn SIGTERM into a flag the training loop polls at step boundaries.
+    """Turn SIGTERM (preemption) and SIGINT (Ctrl-C) into a flag the training loop polls at step boundaries.
 
-    ``install()`` works from the main thread only (elsewhere it does nothing: Python delivers signals
-    to the main thread); ``uninstall()`` restores the previous handler.
+    The trainer then saves the step and stops; ``lf run`` exits with :attr:`exit_code` (128 + the signal: 143
+    for SIGTERM, 130 for SIGINT, as a shell reports them). A second signal kills at once. ``install()`` works
+    from the main thread only (elsewhere it does nothing: Python delivers signals to the main thread);
+    ``uninstall()`` restores the previous handlers.
     """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self) -> None:
         self.requested = False
-        self._old = None
+        """Whether this process received one of :attr:`SIGNALS`."""
+        self.signum: int | None = None
+        """The signal received (here, or on another rank once :meth:`agreed` said so); None before."""
+        self._old: dict[int, object] = {}
 
     def _handler(self, signum, _frame) -> None:
-        if self.requested:  # a second SIGTERM: stop now
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+        if self.requested:  # a second signal: stop now
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
         self.requested = True
+        self.signum = self.signum or signum
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGTERM, self._handler)
+            self._old = {s: signal.signal(s, self._handler) for s in self.SIGNALS}
 
     def uninstall(self) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
-            self._old = None
+        for s, old in self._old.items():
+            signal.signal(s, old)
+        self._old = {}
+
+    @property
+    def name(self) -> str:
+        """``"SIGTERM"`` or ``"SIGINT"`` (SIGTERM before any signal)."""
+        return signal.Signals(self.signum or signal.SIGTERM).name
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal number: 143 for SIGTERM, 130 for SIGINT."""
+        return 128 + int(self.signum or signal.SIGTERM)
 
     def agreed(self, ctx) -> bool:
-        """Whether any rank got SIGTERM (an all-reduce when distributed, so every rank answers the same)."""
+        """Whether any rank got SIGTERM or SIGINT (an all-reduce when distributed, so every rank answers the
+        same; SIGTERM wins when ranks got different ones, and :attr:`signum` is set on every rank)."""
         if not ctx.distributed:
             return self.requested
         from lf_parallel import global_sum
 
-        return bool(global_sum(torch.tensor(float(self.requested), device=ctx.device), ctx) > 0)
+        got = torch.tensor([float(self.signum == signal.SIGTERM), float(self.signum == signal.SIGINT)],
+                           device=ctx.device)
+        term, intr = (float(v) for v in global_sum(got, ctx))
+        if term or intr:
+            self.signum = signal.SIGTERM if term else signal.SIGINT
+        return bool(term or intr)
 
 
 def apply_nonfinite_policy(trainer, reason: str, grad_norm: float) -> dict[str, float]:

@@ -19,6 +19,10 @@ with them. Written atomically (``latest`` only ever names a complete folder), th
 newest ``train.keep_checkpoints`` kept, in the background with
 ``train.async_checkpoint``. A run resumes bit for bit under its own plan, and under
 another plan or world size DCP reshards the state (logged).
+
+Faults (:mod:`lf_orchestrator.families._faults`): a NaN/inf loss or gradient norm is handled by
+``train.on_nonfinite`` before the update; weights holding NaN/inf are never checkpointed; SIGTERM / SIGINT
+save the step and stop (exit 143 / 130); ``train.hang_timeout_s`` arms the hang watchdog.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from lf_data import ResumableSampler
 from lf_memory import DynamicLossScaler, apply_recompute, resolve_precision
 from lf_orchestrator.checkpoint import write_text_atomic
 from lf_orchestrator.families import family_module
+from lf_orchestrator.families._faults import RunGuard, check_finite_weights, nonfinite_step
 from lf_orchestrator.families._plan import resolve_plan
 from lf_orchestrator.families._state import (
     FamilyCheckpointer,
@@ -49,6 +54,7 @@ from lf_orchestrator.families._state import (
 )
 from lf_orchestrator.families.base import LossModule
 from lf_orchestrator.families.lora import apply_lora, freeze
+from lf_orchestrator.faults import RolledBack, nonfinite_reason
 from lf_orchestrator.metrics import MetricsLogger, plot_loss_curve
 from lf_parallel import DistContext, build_mesh, global_sum, parallelize
 
@@ -187,7 +193,13 @@ class RecipeTrainer:
         """Load checkpoint ``path`` (written under any plan) into this run's sharded model and optimizer,
         and its scheduler, loss scaler, sampler position, RNG states and step."""
         state, extra = self.checkpointer.load(path, self.state_module, self.optimizer)
-        self.scheduler.load_state_dict(state["scheduler"])
+        saved = state["scheduler"]
+        if len(saved["base_lrs"]) == len(self.optimizer.param_groups):
+            self.scheduler.load_state_dict(saved)
+        else:  # another plan groups the parameters differently (tensor kinds); the schedule is a function of the step
+            self.scheduler.last_epoch = saved["last_epoch"]
+            factor = self.scheduler.lr_lambdas[0](saved["last_epoch"])
+            self.scheduler._last_lr = [base * factor for base in self.scheduler.base_lrs]
         for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr(), strict=True):
             group["lr"] = lr  # ZeRO-1's wrapper groups are not in the (local) optimizer state
         sampler, note = reshard_sampler(state["sampler"], self.dp_rank, self.plan.dp)
@@ -204,7 +216,11 @@ class RecipeTrainer:
         """Checkpoint the current step (call on every rank): each rank writes its shards, rank 0 the rest.
 
         With ``train.async_checkpoint`` the write continues in the background (awaited by the next save and
-        at the end of :meth:`fit`); returns the checkpoint folder."""
+        at the end of :meth:`fit`); returns the checkpoint folder.
+
+        Raises:
+            NonFiniteError: a parameter holds NaN/inf (nothing is written)."""
+        check_finite_weights(self.state_module, self.ctx, self.step, self.run_dir)
         per_rank = gather_objects((self.dp_rank, self.sampler.state_dict(), rng_state(self.ctx.device)),
                                   self.ctx.distributed)
         samplers = dict((dp_rank, s) for dp_rank, s, _ in per_rank)  # tp ranks repeat their dp rank's
@@ -238,6 +254,12 @@ class RecipeTrainer:
         self.scaler.unscale_(self.optimizer)
         grad_norm = clip_grad_norm([p for p in self.wrapped.parameters() if p.grad is not None],
                                    self.cfg.train.grad_clip)
+        names = sorted(sums)  # one all-reduce: the scalars, and the gradient norm for the non-finite check
+        stats = global_sum(torch.stack([loss_sum, *(sums[k] for k in names), grad_norm.to(loss_sum)]),
+                           self.ctx) / replicas
+        bad = nonfinite_reason(stats[0], stats[-1], check_grad=not self.scaler.enabled)
+        if bad is not None:
+            return nonfinite_step(self, bad, float(grad_norm))
         self.scaler.step(self.optimizer)
         skipped = self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -245,8 +267,6 @@ class RecipeTrainer:
         if not skipped:
             self.scheduler.step()
         self.step += 1
-        names = sorted(sums)
-        stats = global_sum(torch.stack([loss_sum, *(sums[k] for k in names)]), self.ctx) / replicas
         return {"train/loss": float(stats[0] / units), **{f"train/{k}": float(stats[i + 1] / units)
                                                            for i, k in enumerate(names)},
                 "train/grad_norm": float(grad_norm), "train/lr": lr, "train/target_units": float(units)}
@@ -260,35 +280,61 @@ class RecipeTrainer:
         return out
 
     def fit(self, on_step: StepCallback | None = None) -> dict[str, Any]:
-        """Train until ``train.steps``, logging, checkpointing and evaluating at the end; returns a summary."""
+        """Train until ``train.steps``, logging, checkpointing and evaluating at the end; returns a summary.
+
+        SIGTERM / SIGINT: the step is checkpointed and the summary says ``preempted`` (``signal``: the name,
+        ``exit_code``: 143 / 130); no evaluation then.
+
+        Raises:
+            NonFiniteError: ``train.on_nonfinite = "stop"`` on a NaN/inf step (before its update), rollback gave
+                up, or the weights to checkpoint hold NaN/inf.
+        """
         t = self.cfg.train
         logger = MetricsLogger(self.run_dir, start_step=self.step, enabled=self.ctx.is_main)
-        start, t0, last = self.step, time.perf_counter(), {}
+        start, t0, last, evaluation = self.step, time.perf_counter(), {}, {}
         window_units, window_t = 0.0, time.perf_counter()
+        guard = RunGuard(hang_timeout_s=t.hang_timeout_s, on_hang=t.on_hang, ctx=self.ctx, run_dir=self.run_dir,
+                         describe=lambda: f"last finished step {self.step}")
+        preempted = False
         try:
-            while self.step < t.steps:
-                last = self.train_step()
-                window_units += last["train/target_units"]
-                if self.step % t.log_every == 0 or self.step == t.steps:
-                    now = time.perf_counter()
-                    last["perf/units_per_s"] = window_units / max(now - window_t, 1e-9)
-                    window_units, window_t = 0.0, now
-                    logger.log(self.step, last)
-                if on_step is not None:
-                    on_step(self.step, last)
-                if self.step % t.ckpt_every == 0 or self.step == t.steps:
-                    self.save()
-                    if self.ctx.is_main:
-                        plot_loss_curve(self.run_dir, self.family.loss_label)
+            with guard:
+                if t.on_nonfinite == "rollback" and latest_checkpoint(self.run_dir) is None:
+                    self.save()  # something to roll back to
+                while self.step < t.steps:
+                    try:
+                        last = self.train_step()
+                    except RolledBack:  # continue from the checkpoint's step; its logs restart there
+                        logger.close()
+                        logger = MetricsLogger(self.run_dir, start_step=self.step, enabled=self.ctx.is_main)
+                        continue
+                    window_units += last["train/target_units"]
+                    if self.step % t.log_every == 0 or self.step == t.steps:
+                        now = time.perf_counter()
+                        last["perf/units_per_s"] = window_units / max(now - window_t, 1e-9)
+                        window_units, window_t = 0.0, now
+                        logger.log(self.step, last)
+                    if on_step is not None:
+                        on_step(self.step, last)
+                    saved = self.step % t.ckpt_every == 0 or self.step == t.steps
+                    if saved:
+                        self.save()
+                        if self.ctx.is_main:
+                            plot_loss_curve(self.run_dir, self.family.loss_label)
+                    if guard.step_done():  # SIGTERM / SIGINT on some rank: checkpoint this step, then stop
+                        if not saved:
+                            self.save()
+                        preempted = True
+                        break
             self.checkpointer.close()
-            evaluation = self.evaluate() if self.cfg.eval.at_end else {}
+            evaluation = self.evaluate() if self.cfg.eval.at_end and not preempted else {}
             if evaluation:
                 logger.log(self.step, evaluation)
         finally:
             self.checkpointer.wait()  # a failed step still leaves the save in flight committed
             logger.close()
         return {"steps": self.step, "resumed_from": start, "seconds": time.perf_counter() - t0, "final": last,
-                "eval": evaluation, "plan": self.plan.describe()}
+                "eval": evaluation, "plan": self.plan.describe(), "preempted": preempted,
+                **({"signal": guard.signal.name, "exit_code": guard.signal.exit_code} if preempted else {})}
 
 
 def write_plan(trainer: RecipeTrainer) -> None:
@@ -338,6 +384,13 @@ def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None,
                           highlight=False)
 
     summary = trainer.fit(on_step)
+    if summary["preempted"]:
+        import typer
+
+        if ctx.is_main:
+            console.print(f"{summary['signal']}: saved step {summary['steps']} and stopped; continue with "
+                          f"`lf run --resume {run_dir}`", highlight=False)
+        raise typer.Exit(summary["exit_code"])
     if ctx.is_main:
         write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=1, default=str))
         extra = " ".join(f"{k.removeprefix('eval/')} {v:.4g}" for k, v in summary["eval"].items())

@@ -267,4 +267,5 @@ class Trainer:
                 watchdog.stop()
             logger.close()
         return {"steps": self.step, "resumed_from": start_step,
-                "seconds": time.perf_counter() - t0, "final": last, "preempted": preempted}
+                "seconds": time.perf_counter() - t0, "final": last, "preempted": preempted,
+                **({"signal": sigterm.name, "exit_code": sigterm.exit_code} if preempted else {})}
