@@ -17,7 +17,11 @@ planner's price), the measured ``torch.cuda.max_memory_allocated`` of a step and
     python bench/fp8_llama.py --out bench/results/fp8_llama_h200.json
     python bench/fp8_llama.py --dry --out /tmp/fp8_dry.json     # CPU smoke run: tiny model, no FP8
 
-Needs torchao for part 1 (torchao 0.17.x is the release built against torch 2.11; 0.16 was built
+Part 3, loss curves: ``--curve-steps`` (200) AdamW steps of bf16 and of FP8 tensorwise from the same
+initial weights on the same byte-level stream of the Python standard library's source (bytes as token
+ids, a real and learnable text), losses recorded per step side by side; weights are bf16 as in part 1.
+
+Needs torchao for parts 1 and 3 (torchao 0.17.x is the release built against torch 2.11; 0.16 was built
 against 2.10: check the table in ``torchao/__init__.py``); without it part 1 records the error.
 """
 
@@ -115,6 +119,64 @@ def _recompute(args, cfg, device, ids) -> dict:
     return out
 
 
+def _stdlib_bytes(n_tokens: int) -> torch.Tensor:
+    """The first ``n_tokens`` bytes of the standard library's ``.py`` files (sorted paths) as int64 ids."""
+    import os
+    import pathlib
+
+    root = pathlib.Path(os.__file__).parent
+    chunks, total = [], 0
+    for path in sorted(root.rglob("*.py")):
+        data = path.read_bytes()
+        chunks.append(data)
+        total += len(data)
+        if total >= n_tokens:
+            break
+    buf = b"".join(chunks)[:n_tokens]
+    if len(buf) < n_tokens:
+        raise SystemExit(f"the standard library under {root} has only {len(buf)} bytes of source; need {n_tokens}")
+    return torch.frombuffer(bytearray(buf), dtype=torch.uint8).to(torch.int64)
+
+
+def _curves(args, cfg, device) -> dict:
+    steps, batch, seq = args.curve_steps, args.micro_batch, args.seq
+    stream = _stdlib_bytes(steps * batch * seq).view(steps, batch, seq)
+    out = {"data": "python stdlib .py bytes", "steps": steps, "lr": 3e-4, "warmup": 20}
+    for name in ("bf16", *([] if args.dry else ["fp8_tensorwise"])):
+        try:
+            model = _model(cfg, device, torch.bfloat16)
+            if name.startswith("fp8"):
+                apply_fp8(model, "tensorwise", module_filter=fp8_filter(min_features=1024, tokens=batch * seq))
+            step_model = torch.compile(model) if args.compile and device.type == "cuda" else model
+            opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 20))
+            losses = []
+            t0 = time.perf_counter()
+            for i in range(steps):
+                ids = stream[i].to(device)
+                loss = next_token_loss(step_model(ids), ids)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+                losses.append(float(loss))
+            out[name] = {"losses": losses, "wall_s": time.perf_counter() - t0}
+        except Exception as err:
+            out[name] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc(limit=3)}
+        finally:
+            model = step_model = opt = None
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    if "losses" in out.get("fp8_tensorwise", {}) and "losses" in out["bf16"]:
+        a, b = out["bf16"]["losses"], out["fp8_tensorwise"]["losses"]
+        tail = max(1, len(a) // 10)
+        out["final_mean_bf16"] = sum(a[-tail:]) / tail
+        out["final_mean_fp8"] = sum(b[-tail:]) / tail
+        out["max_abs_diff_last_half"] = max(abs(x - y) for x, y in zip(a[len(a) // 2:], b[len(b) // 2:]))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
@@ -125,9 +187,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--no-compile", dest="compile", action="store_false")
+    parser.add_argument("--curve-steps", type=int, default=200, help="steps of the bf16 vs FP8 loss curves")
+    parser.add_argument("--parts", default="throughput,recompute,curves", help="comma list of parts to run")
     args = parser.parse_args()
     if args.dry:
         device, cfg, args.seq, args.steps, args.warmup = torch.device("cpu"), llama3_config("tiny"), 64, 2, 1
+        args.curve_steps = 3
     else:
         if not torch.cuda.is_available():
             raise SystemExit("needs a CUDA GPU (use --dry on the CPU)")
@@ -142,8 +207,13 @@ def main() -> None:
         result["torchao"] = torchao.__version__
     except ImportError:
         result["torchao"] = None
-    result["throughput"] = _throughput(args, cfg, device, ids)
-    result["recompute"] = _recompute(args, cfg, device, ids)
+    parts = set(args.parts.split(","))
+    if "throughput" in parts:
+        result["throughput"] = _throughput(args, cfg, device, ids)
+    if "recompute" in parts:
+        result["recompute"] = _recompute(args, cfg, device, ids)
+    if "curves" in parts:
+        result["curves"] = _curves(args, cfg, device)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps(result, indent=1))

@@ -92,12 +92,32 @@ def _autotune(d: dict) -> list[str]:
                       "predicted peak GiB"], rows))
 
 
+def _fp8_llama(d: dict) -> list[str]:
+    lines = [f"{d['model']}, seq {d['seq']}, micro-batch {d['micro_batch']}, torch.compile {d['compile']}, "
+             f"torchao {d['torchao']}; median of {d['steps']} steps.", ""]
+    rows = [[name, f"{r['step_ms_median']:.0f}", f"{r['tokens_per_s']:,.0f}", r["fp8_linears"],
+             f"{r['peak_bytes'] / 2**30:.1f}"]
+            for name, r in d.get("throughput", {}).items() if isinstance(r, dict) and "tokens_per_s" in r]
+    lines += _table(["variant", "step ms", "tokens/s", "fp8 linears", "peak GiB"], rows)
+    curves = d.get("curves", {})
+    names = [k for k in ("bf16", "fp8_tensorwise") if "losses" in curves.get(k, {})]
+    if names:
+        n, window = len(curves[names[0]]["losses"]), 20
+        lines += [f"Loss curves, {n} steps on {curves['data']} (mean loss per {window}-step window):", ""]
+        rows = [[f"{i + 1}-{min(i + window, n)}",
+                 *[f"{sum(curves[k]['losses'][i:i + window]) / len(curves[k]['losses'][i:i + window]):.3f}"
+                   for k in names]] for i in range(0, n, window)]
+        lines += _table(["steps", *names], rows)
+    return lines
+
+
 RENDERERS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "llama3_parallel": ("Llama-3-8B under lf-parallel plans vs a plain FSDP2 peer", _llama3_parallel),
     "attention": ("Attention dispatcher vs SDPA and FlexAttention", _attention),
     "fused_ops": ("Fused Triton ops", _fused_ops),
     "vae_encode": ("Wan VAE encode vs diffusers", _vae_encode),
     "autotune_check": ("Auto-tuner: predicted vs measured", _autotune),
+    "fp8_llama": ("FP8 (torchao float8) vs bf16 training on Llama-3-8B's shape", _fp8_llama),
 }
 
 
