@@ -111,12 +111,27 @@ def _fp8_llama(d: dict) -> list[str]:
     return lines
 
 
+def _published(d: dict) -> list[str]:
+    rows = []
+    for r in d["rows"]:
+        p = r["predicted"]
+        rows.append([r["model"], r["gpus"], f"`{r['plan']}`", f"{r['published_tokens_per_s_per_gpu']:,}",
+                     f"{p['tokens_per_s_per_gpu']:,.0f} ({p['recompute']})", f"{r['published_over_predicted']:.2f}",
+                     f"{p['exposed_comm_s'] / p['step_s']:.0%}",
+                     f"{p['peak_gib']:.0f}" + ("" if p["fits_80gib"] else " (> 80)")])
+    return ([f"Published: {d['source']}; sequence {d['seq']}. Predicted with the datasheet rates in "
+             f"{d['precision_predicted']} (the published H100 rows run FP8 recipes; see the script's docstring).", ""]
+            + _table(["model", "GPUs", "plan", "published tok/s/GPU", "predicted (recompute)", "published / predicted",
+                      "exposed comm", "predicted peak GiB"], rows))
+
+
 RENDERERS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "llama3_parallel": ("Llama-3-8B under lf-parallel plans vs a plain FSDP2 peer", _llama3_parallel),
     "attention": ("Attention dispatcher vs SDPA and FlexAttention", _attention),
     "fused_ops": ("Fused Triton ops", _fused_ops),
     "vae_encode": ("Wan VAE encode vs diffusers", _vae_encode),
     "autotune_check": ("Auto-tuner: predicted vs measured", _autotune),
+    "published_check": ("Cost model vs Megatron-Core's published H100 throughput", _published),
     "fp8_llama": ("FP8 (torchao float8) vs bf16 training on Llama-3-8B's shape", _fp8_llama),
 }
 
