@@ -9,8 +9,10 @@ The plan is searched or parsed and checked before any of it
 Losses are normalized by the target units (tokens with a label, or samples) of the
 whole global batch, over micro-batches and data-parallel ranks: each micro-batch
 contributes ``loss_sum * dp / global_units`` and DDP / FSDP average gradients over
-the dp ranks, so any split gives the gradient of one large batch. Tensor-parallel
-ranks of one dp rank see the same batch.
+the dp ranks, so any split gives the gradient of one large batch. Tensor- and
+pipeline-parallel ranks of one dp rank see the same batch. Pipeline-parallel plans
+(``pp > 1``, llm family) build only this rank's stages and run the step through the
+plan's schedule (:mod:`lf_orchestrator.families._pipeline_step`).
 
 Checkpoints are sharded DCP folders (:mod:`lf_orchestrator.families._state`): every
 rank writes its own shards of the model and optimizer; the scheduler, loss scaler,
@@ -69,9 +71,12 @@ def lr_factor(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
 
-def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float, group=None) -> torch.Tensor:
     """Global gradient 2-norm over plain and DTensor (TP / FSDP2) gradients; scales them to ``max_norm``
-    when above it (``max_norm = 0``: no clipping). ``nn.utils.clip_grad_norm_`` cannot mix the two kinds."""
+    when above it (``max_norm = 0``: no clipping). ``nn.utils.clip_grad_norm_`` cannot mix the two kinds.
+
+    ``group``: the pipeline process group when each of its ranks holds other parameters (pipeline stages):
+    the squared norms are summed over it, so every rank clips with the norm of the whole model."""
     from torch.distributed.tensor import DTensor
 
     dist_grads = [p.grad for p in params if isinstance(p.grad, DTensor)]
@@ -81,6 +86,10 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
         sq = sq + nn.utils.get_total_norm(dist_grads).full_tensor().float().cpu() ** 2
     if plain:
         sq = sq + nn.utils.get_total_norm(plain).float().cpu() ** 2
+    if group is not None:
+        sq = sq.to(next(iter(dist_grads + plain), sq).device)
+        torch.distributed.all_reduce(sq, group=group)
+        sq = sq.cpu()
     norm = sq.sqrt()
     if max_norm > 0 and float(norm) > max_norm:
         coef = max_norm / (float(norm) + 1e-6)
@@ -120,8 +129,11 @@ class RecipeTrainer:
         prec = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.precision.compute_dtype, "fp32")
         self.plan, self.plan_info = resolve_plan(cfg, self.family.graph, world_size=ctx.world_size,
                                                  device_type=ctx.device.type, seq=self.family.seq_len, precision=prec)
-        self.model, model_info = prepare_model(self.family, cfg, ctx.device)
-        self.plan_info.update(model_info)
+        self.pipe = None
+        """The pipeline stages of this rank (``plan.pp > 1``), else None."""
+        if self.plan.pp == 1:
+            self.model, model_info = prepare_model(self.family, cfg, ctx.device)
+            self.plan_info.update(model_info)
         mode = cfg.memory.recompute if cfg.memory.recompute != "none" else self.plan_info.get("recompute", "none")
         if mode == "auto":
             raise ValueError('memory.recompute = "auto" is not supported by the llm/vlm/video families; use '
@@ -132,14 +144,26 @@ class RecipeTrainer:
             self.plan_info["recomputed_blocks"] = apply_recompute(
                 nn.ModuleList(self.model.blocks), mode, every=cfg.memory.recompute_every)
 
-        self.loss_module = LossModule(self.model, self.family)
         self.mesh = build_mesh(self.plan, ctx.device.type) if ctx.distributed else None
-        if self.mesh is not None:
+        if self.plan.pp > 1:
+            from lf_orchestrator.families._pipeline_step import PipelineModel
+
+            self.pipe = PipelineModel(self.family, cfg, self.plan, self.mesh, ctx.device, lambda blocks: (
+                apply_recompute(nn.ModuleList(blocks), mode, every=cfg.memory.recompute_every)))
+            self.plan_info["recomputed_blocks"] = self.pipe.recomputed
+            self.wrapped = self.loss_module = self.pipe.view
+            self.model = self.pipe.view.model
+            self.plan_info["trainable_params"] = sum(p.numel() for p in self.model.parameters())  # this rank's
+            coord = self.mesh.get_coordinate()
+            self.dp_rank = coord[1] * self.mesh["dp_shard"].size() + coord[2]
+        elif self.mesh is not None:
+            self.loss_module = LossModule(self.model, self.family)
             self.wrapped = parallelize(self.loss_module, self.mesh, self.plan, loss_parallel=False,
                                        recompute=recompute)
             coord = self.mesh.get_coordinate()
             self.dp_rank = coord[1] * self.mesh["dp_shard"].size() + coord[2]
         else:
+            self.loss_module = LossModule(self.model, self.family)
             recompute(self.loss_module)
             self.wrapped, self.dp_rank = self.loss_module, 0
         self.optimizer = self._optimizer()
@@ -236,6 +260,10 @@ class RecipeTrainer:
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step over ``grad_accum`` micro-batches; returns its scalars."""
+        if self.pipe is not None:
+            from lf_orchestrator.families._pipeline_step import pipeline_train_step
+
+            return pipeline_train_step(self)
         batches = [self._micro_batch() for _ in range(self.plan.grad_accum)]
         replicas = self.ctx.world_size // self.plan.dp  # tp ranks holding the same batch
         local = sum(int(self.family.normalizer(b)) for b in batches)
@@ -272,7 +300,10 @@ class RecipeTrainer:
                 "train/grad_norm": float(grad_norm), "train/lr": lr, "train/target_units": float(units)}
 
     def evaluate(self) -> dict[str, float]:
-        """The family's held-out metrics (every rank computes them on the unwrapped model)."""
+        """The family's held-out metrics (every rank computes them on the unwrapped model); none under pipeline
+        parallel (no rank holds the whole model: run ``lf eval`` on the checkpoint)."""
+        if self.pipe is not None:
+            return {}
         self.wrapped.eval()
         with torch.no_grad(), self.precision.autocast(self.ctx.device.type):
             out = self.wrapped({}, evaluate=True)

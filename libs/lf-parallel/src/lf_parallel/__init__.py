@@ -44,7 +44,14 @@ from lf_parallel._data_parallel import apply_data_parallel, global_sum, unwrap
 from lf_parallel._dist import DistContext, init_distributed, resolve_device, shutdown
 from lf_parallel._mesh import MESH_DIMS, build_mesh, dp_mesh, flat_dp_group, mesh_shape
 from lf_parallel._parallelize import parallelize
-from lf_parallel._pipeline import SCHEDULES, PipelineStageModule, build_pipeline, build_stage_module, pipeline_step
+from lf_parallel._pipeline import (
+    SCHEDULES,
+    SIDE_KWARGS,
+    PipelineStageModule,
+    build_pipeline,
+    build_stage_module,
+    pipeline_step,
+)
 from lf_parallel._plan import ComponentPlan, Plan, PlanError, check_plan, choose_plan, parse_plan
 from lf_parallel._ring import ring_attention
 from lf_parallel._search import Candidate, NoFeasiblePlan, SearchResult, search_plans
@@ -58,7 +65,7 @@ __version__ = "0.2.0"
 __all__ = [
     "Calibration", "Candidate", "Cluster", "ClusterError", "ComponentPlan", "ContextParallel", "DistContext",
     "GPUSpec", "GPU_CATALOGUE", "MARKER", "MESH_DIMS", "NoFeasiblePlan", "PendingCheckpoint", "PipelineStageModule",
-    "Plan", "PlanError", "SCHEDULES", "SearchResult", "StageSpec", "StepCost", "apply_context_parallel",
+    "Plan", "PlanError", "SCHEDULES", "SIDE_KWARGS", "SearchResult", "StageSpec", "StepCost", "apply_context_parallel",
     "apply_data_parallel", "apply_tensor_parallel", "apply_zero", "async_save_checkpoint", "balanced_partition",
     "bubble_fraction", "bubble_micro_batches", "build_mesh", "build_optimizer", "build_pipeline",
     "build_stage_module", "calibrate", "check_plan", "check_ulysses_heads", "checkpoint_extra", "choose_plan",

@@ -22,6 +22,19 @@ stage; the schedule splits the batch into ``n_microbatches`` along dim 0 and
 averages gradients over them (``scale_grads=True``), so with a mean loss per
 micro-batch the gradients equal the single-process gradient of the whole batch.
 
+Side tensors: between stages flows ``(hidden_bsd, *side)``: per-micro-batch tensors the
+trunk needs at every block (``positions`` and ``document_ids``, (batch, seq) int64, batch
+as dim 0), named once by ``side`` (:data:`SIDE_KWARGS` keys) when the stages are built.
+The first stage takes ``(ids_bs, *side)``, a middle stage's ``forward(hidden, *side)``
+returns ``(hidden, *side)``, the last returns the head's output. Integer side tensors
+need no gradient; the schedule sends them on with the activations. With ``side = ()``
+one tensor flows, as before. Under sequence parallel the hidden states sent between
+stages are each tp rank's local sequence shard (batch, seq / tp, dim); side tensors
+stay whole (attention sees the gathered sequence).
+
+``scale_grads=False`` leaves the gradient sum over micro-batches as is (a ``loss_fn``
+that already divides by the global count of target units, as the recipe trainer's).
+
 Legend: ``ids_bs`` (batch, seq) int64; ``x_bsd`` (batch, seq, dim).
 """
 
@@ -43,7 +56,7 @@ from lf_ir import ComponentModule, Graph, LMHead
 from lf_kernels import MaskSpec
 from lf_parallel._stages import StageSpec, split_stages
 
-__all__ = ["SCHEDULES", "PipelineStageModule", "build_pipeline", "build_stage_module", "pipeline_step"]
+__all__ = ["SCHEDULES", "SIDE_KWARGS", "PipelineStageModule", "build_pipeline", "build_stage_module", "pipeline_step"]
 
 SCHEDULES: dict[str, type] = {
     "gpipe": ScheduleGPipe,
@@ -55,6 +68,9 @@ SCHEDULES: dict[str, type] = {
 
 _SINGLE_STAGE = ("gpipe", "1f1b")
 
+SIDE_KWARGS: dict[str, str] = {"positions": "positions", "document_ids": "document_ids"}
+"""Side tensor name -> keyword of ``ComponentModule.forward`` it is passed as."""
+
 
 class PipelineStageModule(nn.Module):
     """The trunk layers ``[spec.start, spec.stop)`` of a lowered model; other layers are ``nn.Identity``.
@@ -63,11 +79,16 @@ class PipelineStageModule(nn.Module):
     The first stage takes what the trunk's first node takes (token ids
     ``(batch, seq)`` int64 for an LLM); later stages take and return hidden
     states ``(batch, seq, dim)``; the last stage returns the head's output
-    (logits ``(batch, seq, vocab)``).
+    (logits ``(batch, seq, vocab)``). With ``side`` names (keys of :data:`SIDE_KWARGS`) every
+    stage also takes those per-micro-batch tensors after its first input, and every stage but
+    the last returns them after its hidden states: ``(hidden_bsd, *side)``.
     """
 
-    def __init__(self, graph: Graph, spec: StageSpec, mask: MaskSpec):
+    def __init__(self, graph: Graph, spec: StageSpec, mask: MaskSpec, side: tuple[str, ...] = ()):
         super().__init__()
+        bad = [n for n in side if n not in SIDE_KWARGS]
+        if bad:
+            raise ValueError(f"pipeline side tensors must be among {sorted(SIDE_KWARGS)}, got {bad[0]!r}")
         if spec.encoders:
             raise NotImplementedError(
                 f"graph {graph.name!r}: stage 0 would run encoder components {list(spec.encoders)}; "
@@ -83,30 +104,47 @@ class PipelineStageModule(nn.Module):
                                      "embeddings (model.tie_embeddings=false) to pipeline this model")
         self.spec = spec
         self.mask = mask
+        self.side = tuple(side)
+        self.is_last = spec.stop == len(component.nodes)
         trunk = ComponentModule(component)
         for i in range(len(trunk.layers)):
             if not spec.start <= i < spec.stop:
                 trunk.layers[i] = nn.Identity()
         self.components = nn.ModuleDict({spec.trunk: trunk})
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.components[self.spec.trunk](x, mask=self.mask, start=self.spec.start, stop=self.spec.stop)
+    def forward(self, x: torch.Tensor, *side: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """``x``: ids ``(batch, seq)`` (first stage) or hidden ``(batch, seq, dim)``; ``side``: the tensors
+        named by ``self.side``, in that order. Returns hidden (plus ``side`` when there are side tensors)
+        or, on the last stage, the head's output.
+
+        Raises:
+            ValueError: the number of side tensors is not ``len(self.side)``.
+        """
+        if len(side) != len(self.side):
+            raise ValueError(f"stage {self.spec.index}: expected side tensors {list(self.side)}, got {len(side)}")
+        kwargs = {SIDE_KWARGS[n]: t for n, t in zip(self.side, side, strict=True)}
+        out = self.components[self.spec.trunk](x, mask=self.mask, start=self.spec.start, stop=self.spec.stop,
+                                               **kwargs)
+        return out if self.is_last or not side else (out, *side)
 
 
-def build_stage_module(graph: Graph, spec: StageSpec, mask: MaskSpec) -> PipelineStageModule:
+def build_stage_module(graph: Graph, spec: StageSpec, mask: MaskSpec, side: tuple[str, ...] = ()
+                       ) -> PipelineStageModule:
     """Build one stage on the current default device (use ``torch.device("meta")``, then ``materialize``).
 
     Raises:
         ValueError: the stage holds a head tied to an embedding on another stage.
         NotImplementedError: the stage would run encoder components (multimodal stage 0).
     """
-    return PipelineStageModule(graph, spec, mask)
+    return PipelineStageModule(graph, spec, mask, side)
 
 
 def build_pipeline(graph: Graph, *, pp_rank: int, pp: int, schedule: str, n_microbatches: int,
                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], mask: MaskSpec,
                    device: torch.device, seed: int, group=None, virtual_stages: int = 1,
                    materialize: Callable[[nn.Module, torch.device, int], nn.Module] | None = None,
+                   side: tuple[str, ...] = (), scale_grads: bool = True,
+                   parallelize: Callable[[nn.Module], nn.Module] | None = None,
                    ) -> tuple[object, list[PipelineStageModule]]:
     """Split ``graph``, build and initialize this rank's stages and the torch schedule that runs them.
 
@@ -123,10 +161,18 @@ def build_pipeline(graph: Graph, *, pp_rank: int, pp: int, schedule: str, n_micr
         group: the pipeline process group (default: the world).
         virtual_stages: stages per rank; only the interleaved schedules accept > 1.
         materialize: ``(module, device, seed) -> module``; default ``lf_ir.materialize``.
+        side: names of the side tensors every stage takes after its first input (keys of
+            :data:`SIDE_KWARGS`, e.g. ``("positions", "document_ids")``); ``()``: one tensor flows.
+        scale_grads: the schedule divides gradients by ``n_microbatches`` (a mean loss per
+            micro-batch); ``False`` for a ``loss_fn`` already normalized by the global batch.
+        parallelize: ``(stage_module) -> module`` applied to each materialized stage before it is
+            handed to the schedule (tensor parallel, recomputation, then DDP / FSDP2 on the sub-meshes
+            of one pipeline rank); what it returns is the module the schedule runs.
 
     Returns:
         ``(schedule, stage_modules)``: the schedule (call :func:`pipeline_step`) and this
-        rank's stage modules (their parameters are what the optimizer updates).
+        rank's stage modules (unwrapped: a DDP wrapper's ``.module``; their parameters are what
+        the optimizer updates, under the full model's names).
 
     Raises:
         ValueError: unknown schedule, ``virtual_stages > 1`` with ``gpipe`` / ``1f1b``,
@@ -145,12 +191,14 @@ def build_pipeline(graph: Graph, *, pp_rank: int, pp: int, schedule: str, n_micr
     modules, stages = [], []
     for spec in specs:
         with torch.device("meta"):
-            module = build_stage_module(graph, spec, mask)
+            module = build_stage_module(graph, spec, mask, side)
         module = materialize(module, device, seed)
-        modules.append(module)
-        stages.append(PipelineStage(module, spec.index, pp * virtual_stages, device, group=group))
+        run = parallelize(module) if parallelize is not None else module
+        modules.append(getattr(run, "module", run) if run is not module else module)
+        stages.append(PipelineStage(run, spec.index, pp * virtual_stages, device, group=group))
     cls = SCHEDULES[schedule]
-    sched = cls(stages[0] if schedule in _SINGLE_STAGE else stages, n_microbatches, loss_fn=loss_fn)
+    sched = cls(stages[0] if schedule in _SINGLE_STAGE else stages, n_microbatches, loss_fn=loss_fn,
+                scale_grads=scale_grads)
     return sched, modules
 
 

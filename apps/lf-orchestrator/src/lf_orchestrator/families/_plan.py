@@ -4,9 +4,11 @@
 on a CPU job, on a nominal cluster of ``world_size`` H100s: the cost model needs a
 GPU, so on the CPU the ranking only orders the plans, its times are not CPU times
 (logged as such). The recipe trainer runs data parallel, ZeRO 0-3 and tensor (+
-sequence) parallel plans; pipeline and context parallel are not wired into it
-yet, so the search result is the fastest plan with ``pp = cp = 1`` and a manual
-plan with pp or cp > 1 is refused before launch.
+sequence) parallel plans, and pipeline parallel (``pp > 1``, any schedule, with tp / sp /
+dp / ZeRO) for the llm family (llama3). Context parallel is not wired into it, nor
+pipeline stages that would run encoders (vlm / video / vla graphs, until lf-parallel's
+multimodal first stage exists): such manual plans are refused before launch. The search
+result is the fastest plan with ``pp = cp = 1`` (a pipeline plan is chosen by hand).
 """
 
 from __future__ import annotations
@@ -17,10 +19,36 @@ from lf_parallel import Plan, PlanError, check_plan, choose_plan, parse_plan
 
 
 def _supported(plan: Plan, lora: bool) -> str | None:
-    if plan.pp > 1 or plan.cp > 1:
-        return "the recipe trainer runs dp / ZeRO / tp(+sp) plans; pp and cp are not wired into it yet"
+    if plan.cp > 1:
+        return "the recipe trainer runs dp / ZeRO / tp(+sp) / pp plans; cp is not wired into it yet"
     if lora and plan.tp > 1:
         return "train.lora_rank > 0 with tp > 1 is not supported (LoRA wraps the linears tensor parallelism splits)"
+    return None
+
+
+def _pipeline_unsupported(plan: Plan, cfg, graph) -> str | None:
+    """Why the recipe trainer cannot run ``plan.pp > 1`` for this config and graph (None: it can)."""
+    import torch
+
+    from lf_kernels import MaskSpec
+    from lf_orchestrator.families._pipeline_step import SIDE
+    from lf_parallel._pipeline import build_stage_module
+    from lf_parallel._stages import split_stages
+
+    try:
+        specs = split_stages(graph, plan.pp, virtual_stages=plan.pp_virtual_stages)
+        for spec in specs:  # on the meta device: no memory, raises what the real build would
+            with torch.device("meta"):
+                build_stage_module(graph, spec, MaskSpec(kind="causal"), SIDE)
+    except NotImplementedError as err:
+        return f"pp={plan.pp} is not supported for this model yet: {err}"
+    except ValueError as err:
+        return f"pp={plan.pp}: {err}"
+    if cfg.model.recipe != "llama3":
+        return (f"pp > 1 is wired into the recipe trainer for the llm family (model.recipe = 'llama3') only, "
+                f"got model.recipe = {cfg.model.recipe!r}")
+    if cfg.train.lora_rank > 0 or cfg.train.freeze:
+        return "train.lora_rank > 0 and train.freeze are not supported with pp > 1"
     return None
 
 
@@ -43,7 +71,7 @@ def resolve_plan(cfg, graph, *, world_size: int, device_type: str, seq: int, pre
         else:
             plan = Plan(dp=p.dp, micro_batch=p.micro_batch, grad_accum=p.grad_accum)
         plan = check_plan(plan, world_size=world_size, global_batch=t.global_batch, graph=graph)
-        why = _supported(plan, lora)
+        why = _supported(plan, lora) or (_pipeline_unsupported(plan, cfg, graph) if plan.pp > 1 else None)
         if why:
             raise PlanError(f"parallel.spec {p.spec!r}: {why}")
         return plan, {"source": "manual", "spec": p.spec}
@@ -64,8 +92,8 @@ def _search(cfg, graph, *, world_size: int, device_type: str, seq: int, precisio
                               max_micro_batch=cfg.parallel.micro_batch)
     except PlanError:
         raise
-    ok = [c for c in result.ranked if _supported(c.plan, t.lora_rank > 0) is None]
-    if not ok:  # the search found only pp/cp plans: fall back to data parallel
+    ok = [c for c in result.ranked if c.plan.pp == 1 and _supported(c.plan, t.lora_rank > 0) is None]
+    if not ok:  # the search found only pp / cp plans: fall back to data parallel
         plan = choose_plan(world_size=world_size, global_batch=t.global_batch, max_micro_batch=cfg.parallel.micro_batch)
         return plan, {"source": "auto (fallback: data parallel)", "cluster": cluster.describe(), "nominal": nominal}
     best = ok[0]
