@@ -27,8 +27,8 @@ import torch.distributed as dist
 
 from lf_kernels import MaskSpec
 
-__all__ = ["CPKind", "ContextParallel", "apply_context_parallel", "block_mask", "context_attention", "gather_meta",
-           "gather_sequence", "shard_sequence", "zigzag_positions"]
+__all__ = ["CPKind", "ContextParallel", "apply_context_parallel", "block_mask", "context_attention",
+           "context_parallel_of", "gather_meta", "gather_sequence", "shard_sequence", "zigzag_positions"]
 
 CPKind = Literal["ring", "ulysses", "ring+ulysses"]
 _KINDS = ("ring", "ulysses", "ring+ulysses")
@@ -190,8 +190,9 @@ def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: M
 def apply_context_parallel(model: torch.nn.Module, cp: ContextParallel) -> torch.nn.Module:
     """Make every lowered attention of ``model`` context-parallel over ``cp``, in place; returns ``model``.
 
-    Finds the attention modules by their IR node (``seq_split == "context"``, no model-specific
-    code) and switches their class to one whose forward computes q/k/v of the local shard,
+    Finds the attention modules by their lowered class (lf-ir's ``AttentionModule``; the self-attention
+    ``DiTAttentionModule`` of video DiTs, see :mod:`lf_parallel._context_dit`) and switches their class to
+    one whose forward computes q/k/v of the local shard,
     applies RoPE at the tokens' *global* positions (default: the zigzag positions; pass the
     model's ``positions`` shard for packed documents), and calls :func:`context_attention`.
     Parameter names and values are untouched, so state dicts match the unsharded model.
@@ -199,15 +200,36 @@ def apply_context_parallel(model: torch.nn.Module, cp: ContextParallel) -> torch
     For Ulysses the heads are checked here, before any step (ValueError naming heads and cp).
     """
     from lf_ir._lower import AttentionModule
+    from lf_parallel._context_dit import context_parallel_class
     from lf_parallel._ulysses import check_ulysses_heads
 
     for module in model.modules():
-        if type(module) is AttentionModule:
+        cls = _ContextParallelAttention if type(module) is AttentionModule else context_parallel_class(module)
+        if cls is not None:
             if cp.ulysses_group is not None:
-                check_ulysses_heads(module.heads, module.kv_heads, dist.get_world_size(cp.ulysses_group))
-            module.__class__ = _ContextParallelAttention
+                heads = module.heads
+                check_ulysses_heads(heads, getattr(module, "kv_heads", heads), dist.get_world_size(cp.ulysses_group))
+            module.__class__ = cls
             module.lf_cp = cp
     return model
+
+
+def context_parallel_of(mesh, plan) -> ContextParallel:
+    """The :class:`ContextParallel` of this rank under ``plan``: the ``cp`` dim of ``mesh`` is the ring
+    (``cp_kind="ring"``) or the all-to-all group (``"ulysses"``).
+
+    Raises:
+        ValueError: ``cp_kind="ring+ulysses"``, whose 2-D split of the cp dim the plan does not describe
+            (build the groups and a ContextParallel yourself, as ``tests/test_context.py`` does).
+    """
+    if plan.cp_kind not in ("ring", "ulysses"):
+        raise ValueError(f"parallel.cp_kind={plan.cp_kind!r}: parallelize() applies cp_kind 'ring' or 'ulysses'; "
+                         "the plan does not say how to split the cp dim into Ulysses x ring groups")
+    sub = mesh["cp"]
+    group = sub.get_group()
+    return ContextParallel(kind=plan.cp_kind, cp=plan.cp, cp_rank=sub.get_local_rank(),
+                           ring_group=group if plan.cp_kind == "ring" else None,
+                           ulysses_group=group if plan.cp_kind == "ulysses" else None)
 
 
 def _cp_attention_class():

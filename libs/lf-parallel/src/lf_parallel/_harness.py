@@ -21,6 +21,7 @@ import socket
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 import torch
@@ -29,8 +30,9 @@ import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
 from lf_parallel._checkpoint import load_checkpoint, save_checkpoint
-from lf_parallel._harness_recipes import HARNESS_RECIPES
-from lf_parallel._mesh import build_mesh
+from lf_parallel._context import context_parallel_of
+from lf_parallel._harness_recipes import HARNESS_RECIPES, HarnessRecipe
+from lf_parallel._mesh import build_mesh, flat_dp_group
 from lf_parallel._parallelize import parallelize
 from lf_parallel._plan import Plan, parse_plan
 from lf_parallel._plan_check import check_plan
@@ -58,6 +60,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     ``lr / (4 eps)`` where ``|g|`` is near ``eps``; the default 1e-8 makes a few such entries (e.g. tied
     embedding rows of absent tokens, or value weights) dominate the comparison; 1e-5 keeps the check on
     the gradients (Adam is unchanged wherever |g| >> 1e-5)."""
+    dtype: Literal["float32", "float64"] = "float32"
+    """Parameters, batch and compute dtype (the default dtype while the job builds and trains). float64
+    separates a plan's errors from float32 round-off where gradients are near-cancelling sums."""
 
 
 @dataclasses.dataclass
@@ -77,11 +82,18 @@ class CheckResult:
     """Same for the parameters after the last optimizer step."""
     worst: str
     """Name of the parameter with the largest gradient difference."""
+    grad_rel_model: float
+    """max over parameters of max|g - g_ref| / (max over *all* parameters of max|g_ref|): the gradient error
+    against the model's gradient scale. For a gradient that is a near-cancelling sum (a key bias: softmax
+    ignores a shift shared by all keys, so its gradient sums terms that cancel to ~1e-2 of their size), the
+    per-tensor ``grad_rel`` measures float32 round-off of the terms, not an error of the plan."""
     worst_param: str
     """Name of the parameter with the largest difference after the last step."""
     shard_fractions: dict[str, float]
     """On rank 0 after the last step: elements held locally / full elements, for ``params``, ``grads``
     (last step) and ``optim_state`` (AdamW moments): 1.0 replicated, 1/n sharded n ways."""
+    grad_rels: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Parameter name -> max|g - g_ref| / max|g_ref| at the last step."""
 
     @property
     def max_rel(self) -> float:
@@ -106,7 +118,7 @@ def _build(job: Job, device: str = "cpu"):
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
-    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().float().clone()
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().double().clone()
 
 
 def _local_numel(t) -> int:
@@ -125,9 +137,11 @@ def _unwrap(model):
     return getattr(model, "module", model)
 
 
-def _step(model, recipe, batch, opt, record_grads: bool):
+def _step(model, loss_fn, batch, opt, record_grads: bool):
+    """One optimizer step; ``loss_fn`` is ``(model, batch) -> loss`` or a :class:`HarnessRecipe` (its ``loss``)."""
+    loss_fn = loss_fn.loss if isinstance(loss_fn, HarnessRecipe) else loss_fn
     with loss_parallel_context():
-        loss = recipe.loss(model, batch)
+        loss = loss_fn(model, batch)
         loss.backward()
     grads = {n: _full(p.grad) for n, p in _unwrap(model).named_parameters()} if record_grads else None
     if record_grads:
@@ -146,6 +160,15 @@ def _local_batch(batch: dict, plan: Plan, mesh) -> dict:
 
 def _train(job: Job, plan_text: str, steps: range, world: int, ckpt: Path | None, load: bool):
     """Run ``steps`` under a plan in this process's world; returns (losses, last grads, params, fractions)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, job.dtype))  # weights, batch and losses in the job's dtype
+    try:
+        return _train_in_dtype(job, plan_text, steps, world, ckpt, load)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _train_in_dtype(job: Job, plan_text: str, steps: range, world: int, ckpt: Path | None, load: bool):
     model, recipe = _build(job)
     plan = resolve_plan(plan_text, world_size=world, global_batch=job.global_batch, graph=model.graph)
     batch = recipe.batch(model, job.global_batch, job.seed + 1)
@@ -157,18 +180,30 @@ def _train(job: Job, plan_text: str, steps: range, world: int, ckpt: Path | None
         load_checkpoint(ckpt, model, opt)
     local = _local_batch(batch, plan, mesh)
     losses, grads = [], None
-    group = mesh["dp_replicate", "dp_shard"]._flatten("dp_all").get_group() if mesh is not None else None
+    group = flat_dp_group(mesh, plan) if mesh is not None else None
+    loss_fn = _loss_fn(job, recipe, plan, mesh)
     for step in steps:
-        loss, grads = _step(model, recipe, local, opt, record_grads=step == job.steps - 1)
-        if mesh is not None and plan.dp > 1:  # mean over the data-parallel ranks
+        loss, grads = _step(model, loss_fn, local, opt, record_grads=step == job.steps - 1)
+        if mesh is not None and plan.dp * plan.cp > 1:  # mean over the data- and context-parallel ranks
             dist.all_reduce(loss, group=group)
-            loss /= plan.dp
+            loss /= plan.dp * plan.cp
         losses.append(float(loss))
     if ckpt is not None and not load:
         save_checkpoint(ckpt, model, opt, extra={"plan": plan.describe()})
     fractions = _fractions(model, opt, grads) if grads is not None else {}
     params = {n: _full(p) for n, p in _unwrap(model).named_parameters()}
     return losses, grads, params, fractions
+
+
+def _loss_fn(job: Job, recipe, plan: Plan, mesh):
+    """The recipe's loss; with cp > 1 its context-parallel share (this rank's sequence shard)."""
+    if plan.cp == 1:
+        return recipe.loss
+    if recipe.cp_loss is None:
+        raise ValueError(f"--recipe {job.recipe}: the harness has no context-parallel feeding for it; "
+                         f"plan {job.plan!r} needs cp=1")
+    cp = context_parallel_of(mesh, plan)
+    return lambda model, batch: recipe.cp_loss(model, batch, cp)
 
 
 def _run_job(job: Job, world: int, tmp: str, index: int):
@@ -241,10 +276,13 @@ def run_jobs(jobs: list[Job], nproc: int) -> list[CheckResult]:
     for job, (losses, grads, params, fractions), (rl, rg, rp, _) in zip(jobs, runs, refs, strict=True):
         loss_rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, rl, strict=True))
         grad_rel, worst = _rel(grads, rg)
+        scale = max(float(g.abs().max()) for g in rg.values())
+        grad_rel_model = max(float((grads[k] - g).abs().max()) for k, g in rg.items()) / max(scale, 1e-30)
+        grad_rels = {k: float((grads[k] - g).abs().max() / g.abs().max().clamp_min(1e-30)) for k, g in rg.items()}
         param_rel, worst_param = _rel(params, rp)
         results.append(CheckResult(job=job, losses=losses, ref_losses=rl, loss_rel=loss_rel, grad_rel=grad_rel,
-                                   param_rel=param_rel, worst=worst, worst_param=worst_param,
-                                   shard_fractions=fractions))
+                                   grad_rel_model=grad_rel_model, param_rel=param_rel, worst=worst,
+                                   worst_param=worst_param, shard_fractions=fractions, grad_rels=grad_rels))
     return results
 
 

@@ -12,6 +12,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from lf_parallel import _harness_mm as mm
+
 LLAMA_SEQ = 16
 """Tokens per sample of the llama3 harness batches (divisible by tp for sequence parallel)."""
 
@@ -27,6 +29,10 @@ class HarnessRecipe:
     loss: Callable[[nn.Module, dict], torch.Tensor]
     """(model, batch) -> mean loss over the batch's tokens (float32 scalar; a DTensor with vocab-parallel
     logits: call it inside ``loss_parallel_context``)."""
+    cp_loss: Callable[[nn.Module, dict, object], torch.Tensor] | None = None
+    """(model, batch, cp) -> this context-parallel rank's share of ``loss`` (the mean over the cp ranks equals
+    ``loss`` on the whole sequence); ``cp`` is a :class:`lf_parallel._context.ContextParallel` and the model's
+    attention is context-parallel. None: the recipe has no context-parallel feeding (plans with cp > 1 fail)."""
 
 
 def _llama_build(size: str) -> nn.Module:
@@ -62,6 +68,16 @@ def _llama_loss(model: nn.Module, batch: dict) -> torch.Tensor:
     return next_token_loss(model(ids), ids)
 
 
+def _llama_cp_loss(model: nn.Module, batch: dict, cp) -> torch.Tensor:
+    """Next-token loss of this cp rank's zigzag shard: its tokens' summed cross-entropy times cp over all targets."""
+    ids = batch["ids"]
+    labels = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], dim=1)
+    logits = model(cp.shard(ids))
+    loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), cp.shard(labels).reshape(-1),
+                                       ignore_index=-100, reduction="sum")
+    return loss * (cp.cp / labels[:, :-1].numel())
+
+
 def _vla_build(size: str) -> nn.Module:
     from lf_ir.recipes.vla import VLAModel, vla_config
 
@@ -95,9 +111,12 @@ def _vla_loss(model: nn.Module, batch: dict) -> torch.Tensor:
 
 
 HARNESS_RECIPES: dict[str, HarnessRecipe] = {
-    "llama3": HarnessRecipe(build=_llama_build, batch=_llama_batch, loss=_llama_loss),
+    "llama3": HarnessRecipe(build=_llama_build, batch=_llama_batch, loss=_llama_loss, cp_loss=_llama_cp_loss),
     "llama3_tied_vocab_parallel": HarnessRecipe(build=_llama_vocab_parallel_build, batch=_llama_batch,
                                                 loss=_llama_loss),
     "vla": HarnessRecipe(build=_vla_build, batch=_vla_batch, loss=_vla_loss),
+    "qwen2_vl": HarnessRecipe(build=mm.qwen2_vl_build, batch=mm.qwen2_vl_batch, loss=mm.qwen2_vl_loss),
+    "wan_dit": HarnessRecipe(build=mm.wan_dit_build, batch=mm.wan_dit_batch, loss=mm.wan_dit_loss,
+                             cp_loss=mm.wan_dit_cp_loss),
 }
 """Recipe name -> how the harness builds and feeds it."""

@@ -50,6 +50,7 @@ from torch.distributed.tensor.parallel import (
 
 from lf_ir import lf_modules
 from lf_parallel._plan import Plan
+from lf_parallel._tensor_parallel_extra import HeadShardedRMSNorm, TensorParallelGradSum
 
 
 class _ColwiseAny(ColwiseParallel):
@@ -168,6 +169,8 @@ def _leaf_styles(path: str, node, module: nn.Module, *, sp: bool, head_out: str)
     if not splits and not tied:
         if sp and _token_wise(node):
             styles[path] = SequenceParallel()
+        elif sp and any(True for _ in module.parameters()):  # replicated conditioning (adaLN modulation)
+            styles[path] = TensorParallelGradSum()
         return styles
     paired = 0 in splits.values() and 1 in splits.values()
     if paired and sp:
@@ -176,7 +179,9 @@ def _leaf_styles(path: str, node, module: nn.Module, *, sp: bool, head_out: str)
         sub_path = f"{path}.{owner}" if owner else path
         sub = module.get_submodule(owner) if owner else module
         embedding = isinstance(sub, nn.Embedding)
-        if paired:
+        if paired and dim == 0 and isinstance(sub, nn.RMSNorm):  # q/k norm across heads (Wan)
+            styles[sub_path] = HeadShardedRMSNorm()
+        elif paired:
             styles[sub_path] = ColwiseParallel() if dim == 0 else RowwiseParallel(
                 output_layouts=Shard(1) if sp else Replicate())
         elif embedding:
@@ -208,15 +213,27 @@ def tensor_parallel_styles(model: nn.Module, plan: Plan, *, loss_parallel: bool 
         prefix = f"{comp_path}.layers" if comp_path else "layers"
         for i, layer in enumerate(comp.layers):
             head_out = "loss" if loss_parallel and i == len(nodes) - 1 else "gather"
+            lowered = set()
             for sub_path, module, leaf in lf_modules(layer):
+                lowered.add(sub_path)
                 if callable(getattr(leaf, "children", None)):
                     continue
                 path = f"{prefix}.{i}.{sub_path}" if sub_path else f"{prefix}.{i}"
                 styles.update(_leaf_styles(path, leaf, module, sp=start <= i < end, head_out=head_out))
+            if start <= i < end:
+                styles.update(_block_norm_styles(f"{prefix}.{i}", layer, lowered))
         if end > start:
             _entry(styles, prefix, start)
             _exit(styles, prefix, end - 1, len(nodes))
     return styles
+
+
+def _block_norm_styles(path: str, layer: nn.Module, lowered: set[str]) -> dict[str, ParallelStyle]:
+    """Affine norms a composite block's lowering creates itself (no IR node, e.g. Wan's ``norm2``): under SP
+    they see the sequence shard, so their parameters become replicated DTensors (gradients summed over tp)."""
+    return {f"{path}.{name}": SequenceParallel(use_local_output=True) for name, sub in layer.named_children()
+            if name not in lowered and isinstance(sub, (nn.LayerNorm, nn.RMSNorm))
+            and any(True for _ in sub.parameters())}
 
 
 def _entry(styles: dict, prefix: str, i: int) -> None:
