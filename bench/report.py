@@ -125,6 +125,35 @@ def _published(d: dict) -> list[str]:
                       "exposed comm", "predicted peak GiB"], rows))
 
 
+def _pct(value) -> str:
+    return "-" if value is None else f"{100 * value:+.1f}%"
+
+
+def _memory_check(d: dict) -> list[str]:
+    lines = [f"One GPU ({d.get('capacity_gib') or 0:.0f} GiB), {d['precision']}; median of {d['steps']} steps after "
+             f"{d['warmup']} warm-up. Predicted: `estimate_memory` (peak) and `step_cost` on {d['cluster']}.", ""]
+    for w in d["workloads"].values():
+        a = w["auto"]
+        lines += [f"**{w['model']}**, {w['shape']}. auto: activation budget {a['budget_activation_gib']:.2f} GiB "
+                  f"(uniform selective needs {a['selective_everywhere_gib']:.2f}, "
+                  f"fits: {a['uniform_selective_fits']}); "
+                  f"plan {a['plan_activation_gib']:.2f} GiB, fits {a['fits']}, blocks {a['counts']}, recomputes "
+                  f"{a['recompute_tflop']:.1f} TFLOP vs full's {a['full_recompute_tflop']:.1f}.", ""]
+        rows = []
+        for name, r in w["plans"].items():
+            if "step_s_median" not in r:
+                why = r.get("skipped") or ("out of memory" if "oom" in r else r.get("error", "?"))
+                rows.append([name, "-", f"{r.get('peak_gib_predicted', 0):.1f}", "-", "-", "-", "-", why])
+                continue
+            measured = r["peak_gib_measured"]
+            rows.append([name, "-" if measured is None else f"{measured:.1f}", f"{r['peak_gib_predicted']:.1f}",
+                         _pct(r.get("peak_error")), f"{r['step_s_median']:.3f}", f"{r['step_s_predicted']:.3f}",
+                         _pct(r["step_error"]), r["loss_falling"]])
+        lines += _table(["recompute", "measured peak GiB", "predicted GiB", "error", "measured s/step",
+                         "predicted s/step", "error", "loss falls"], rows)
+    return lines
+
+
 RENDERERS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "llama3_parallel": ("Llama-3-8B under lf-parallel plans vs a plain FSDP2 peer", _llama3_parallel),
     "attention": ("Attention dispatcher vs SDPA and FlexAttention", _attention),
@@ -133,6 +162,7 @@ RENDERERS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "autotune_check": ("Auto-tuner: predicted vs measured", _autotune),
     "published_check": ("Cost model vs Megatron-Core's published H100 throughput", _published),
     "fp8_llama": ("FP8 (torchao float8) vs bf16 training on Llama-3-8B's shape", _fp8_llama),
+    "memory_check": ("Recompute plans on one H200: memory and step time, predicted vs measured", _memory_check),
 }
 
 

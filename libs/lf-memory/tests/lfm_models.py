@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from lf_ir import Llama3Model, VLAModel, llama3_config, materialize, vla_config
+from lf_ir import Llama3Model, VLAModel, llama3_config, materialize, next_token_loss, vla_config
 from lf_kernels import MaskSpec
 
 BATCH = 2
@@ -94,3 +94,49 @@ def qwen_block_cases() -> list[tuple[str, torch.nn.Module, tuple, dict, int, boo
          (torch.randn(1, patches, cfg.vision_dim, generator=gen),),
          {"cos_sin": (vcos[None], vsin[None]), "segments": [patches]}, patches, False),
     ]
+
+
+def recipe_case(recipe: str) -> tuple:
+    """(fresh model, its inputs, forward, loss) for the tiny ``wan_dit``, ``vla_flow`` or ``qwen2_vl`` (seed 0).
+
+    ``forward(model, inputs)`` is what the IR graph describes (Wan: the flow-matching loss, whose node is in
+    the graph; the others: the model's output); ``loss(output, inputs)`` a float32 scalar. The Qwen2-VL case holds one
+    image of 4x4 patches in a 24-token sample (one ViT segment: what the IR's byte rule models); the batch
+    of the others is :data:`BATCH`. The models' graphs match the inputs' sizes.
+    """
+    from lf_ir.recipes.qwen2_vl import Qwen2VLModel, qwen2_vl_config
+    from lf_ir.recipes.qwen2_vl import build_graph as qwen_graph
+    from lf_ir.recipes.vla_flow import VLAFlowModel, vla_flow_config
+    from lf_ir.recipes.wan_dit import WanDiTModel, wan_dit_config
+
+    gen = torch.Generator().manual_seed(11)
+    if recipe == "wan_dit":
+        cfg = wan_dit_config("tiny", layers=4)
+        with torch.device("meta"):
+            model = WanDiTModel(cfg)  # graph at the config's video size: 3 x 3 x 5 latent tokens
+        x0 = torch.randn(BATCH, cfg.in_channels, 3, 6, 10, generator=gen)
+        inputs = (x0, torch.randn(BATCH, cfg.text_len, cfg.text_dim, generator=gen),
+                  torch.randn(x0.shape, generator=gen), torch.rand(BATCH, generator=gen))
+        return materialize(model, "cpu", 0), inputs, lambda m, args: m.flow_loss(*args), lambda out, args: out
+    if recipe == "vla_flow":
+        cfg = vla_flow_config("tiny")
+        with torch.device("meta"):
+            model = VLAFlowModel(cfg)
+        mask = torch.ones(BATCH, cfg.max_instruction_len, dtype=torch.bool)
+        mask[0, 5:] = False
+        inputs = (torch.randint(0, 256, (BATCH, cfg.image_size, cfg.image_size, 3), generator=gen, dtype=torch.uint8),
+                  torch.randint(0, cfg.text_vocab_size, (BATCH, cfg.max_instruction_len), generator=gen), mask,
+                  torch.randn(BATCH, cfg.state_dim, generator=gen),
+                  torch.randn(BATCH, cfg.action_horizon, cfg.action_dim, generator=gen),
+                  torch.rand(BATCH, generator=gen))
+        return materialize(model, "cpu", 0), inputs, lambda m, a: m(*a), lambda out, a: out.square().sum()
+    if recipe == "qwen2_vl":
+        cfg = qwen2_vl_config("tiny")
+        with torch.device("meta"):
+            model = Qwen2VLModel(cfg, qwen_graph(cfg, seq_len=24, image_patches=16))
+        ids = torch.randint(0, 400, (1, 24), generator=gen)
+        ids[:, 2:6] = cfg.image_token_id
+        pixels = torch.randn(16, 3 * cfg.temporal_patch_size * cfg.patch_size ** 2, generator=gen)
+        inputs = (ids, pixels, torch.tensor([[1, 4, 4]]))
+        return materialize(model, "cpu", 0), inputs, lambda m, a: m(*a), lambda out, a: next_token_loss(out, a[0])
+    raise ValueError(f"unknown recipe {recipe!r}")

@@ -50,6 +50,12 @@ class _Node(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
 
     seq_split: ClassVar[SeqSplit] = "local"
 
+    is_block: ClassVar[bool] = False
+    """Whether the node is a repeated block: a unit of activation recomputation (lf-memory's planner and
+    ``apply_recompute``) and of pipeline splitting, what ``Component.blocks()`` returns. A block type opts in
+    by setting it True; it must then give ``saved_bytes`` and ``forward_flops``, and its lowered module
+    is listed, in graph order, in its model's ``blocks``."""
+
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         """Parameter name -> shape, as registered by the lowered module."""
         raise NotImplementedError(f"{type(self).__name__} does not define param_shapes")

@@ -15,7 +15,7 @@ from typing import Literal
 import msgspec
 
 from lf_ir._cost import node_backward_flops, node_forward_flops, node_params
-from lf_ir._nodes import Embedding, IRError, Linear, LMHead, Node, PatchEmbed2D, TransformerBlock
+from lf_ir._nodes import Embedding, IRError, Linear, LMHead, Node, PatchEmbed2D
 
 Modality = Literal["image", "text", "state", "action", "sequence", "video"]
 
@@ -33,9 +33,10 @@ class Component(msgspec.Struct, frozen=True, kw_only=True):
     """Nodes in application order."""
 
     def blocks(self) -> list[Node]:
-        """The repeated blocks of the component, in order: transformer blocks and every node class marked
-        ``is_block`` (``MMBlock``, ``DiTBlock``), what recompute and pipeline planners work on."""
-        return [n for n in self.nodes if isinstance(n, TransformerBlock) or getattr(type(n), "is_block", False)]
+        """The repeated blocks of the component, in order: the nodes whose class sets ``is_block``
+        (``TransformerBlock``, ``MMBlock``, ``DiTBlock``, ``JointAttentionBlock``), what recompute and pipeline
+        planners work on."""
+        return [n for n in self.nodes if type(n).is_block]
 
 
 class Edge(msgspec.Struct, frozen=True, kw_only=True):
@@ -111,10 +112,11 @@ def validate(graph: Graph) -> Graph:
             raise IRError(f"edge {edge.src}->{edge.dst}: component {edge.src!r} has no node "
                           f"{edge.src_node!r}")
         out = src_nodes[edge.src_node].out_dim
-        model_dim = _model_width(dst)
-        if model_dim is not None and out != model_dim:
+        widths = _model_widths(dst)
+        if widths is not None and out not in widths:
+            shown = widths[0] if len(widths) == 1 else " or ".join(map(str, widths))
             raise IRError(f"edge {edge.src}->{edge.dst}: node {edge.src!r}.{edge.src_node!r} "
-                          f"produces width {out} but {edge.dst!r} runs at width {model_dim}")
+                          f"produces width {out} but {edge.dst!r} runs at width {shown}")
     return graph
 
 
@@ -130,9 +132,10 @@ def _check_tie(comp: Component, index: int, head: LMHead) -> None:
                       f"but the head needs {head.weight_shape()}")
 
 
-def _model_width(comp: Component) -> int | None:
+def _model_widths(comp: Component) -> tuple[int, ...] | None:
+    """The widths the component's blocks take (a joint block: one per stream); None without blocks."""
     blocks = comp.blocks()
-    return blocks[0].in_dim if blocks else None
+    return getattr(blocks[0], "stream_widths", (blocks[0].in_dim,)) if blocks else None
 
 
 def param_count(graph: Graph, *, component: str | None = None) -> int:

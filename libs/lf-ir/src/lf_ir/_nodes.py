@@ -458,6 +458,9 @@ class TransformerBlock(_Node, frozen=True, kw_only=True, tag="transformer_block"
 
     seq_split: ClassVar[SeqSplit] = "context"
 
+    is_block: ClassVar[bool] = True
+    """A repeated block: what ``Component.blocks()`` returns to recompute and pipeline planners."""
+
     def tp_dims(self) -> dict[str, int | None]:
         dims: dict[str, int | None] = {}
         for key, child in zip(("attn_norm", "attention", "mlp_norm", "mlp"), self.children(), strict=True):

@@ -136,6 +136,9 @@ class JointAttentionBlock(_Node, frozen=True, kw_only=True, tag="joint_attention
 
     seq_split: ClassVar[SeqSplit] = "context"
 
+    is_block: ClassVar[bool] = True
+    """A repeated block: what ``Component.blocks()`` returns to recompute and pipeline planners."""
+
     def __post_init__(self) -> None:
         self._positive(dim=self.dim, expert_dim=self.expert_dim, heads=self.heads, kv_heads=self.kv_heads,
                        head_dim=self.head_dim, hidden=self.hidden, expert_hidden=self.expert_hidden,
@@ -152,6 +155,11 @@ class JointAttentionBlock(_Node, frozen=True, kw_only=True, tag="joint_attention
     @property
     def out_dim(self) -> int:
         return self.dim
+
+    @property
+    def stream_widths(self) -> tuple[int, int]:
+        """Widths of the two input streams (prefix, suffix): what edges into the component may carry."""
+        return (self.dim, self.expert_dim)
 
     def mlp(self, stream: Literal["prefix", "suffix"]) -> MLP:
         """The MLP node of one stream (its parameters are ``{stream}.mlp.*``)."""

@@ -20,6 +20,7 @@ Public API:
 """
 
 from ._accumulate import global_token_count, token_normalized_loss
+from ._block_rules import BlockProfile, register_block_rule
 from ._estimate import MemoryEstimate, estimate_memory, in_flight_micro_batches
 from ._fp8 import FP8_RECIPES, apply_fp8, fp8_filter, fp8_linear_names, fp8_supported
 from ._loss_scale import DynamicLossScaler
@@ -29,9 +30,17 @@ from ._planner import BLOCK_OPTIONS, RecomputePlan, block_option_costs, plan_rec
 from ._precision import PRECISION_CHOICES, PrecisionPolicy, resolve_precision
 from ._recompute import apply_activation_checkpointing
 from ._recompute_modes import RECOMPUTE_MODES, SAC_MATMUL_OPS, SAC_SAVE_OPS, apply_recompute, recompute_flags
-from ._saved_bytes import block_saved_bytes, block_saved_terms, stack_saved_bytes
+from ._saved_bytes import (
+    block_options,
+    block_saved_bytes,
+    block_saved_terms,
+    is_block,
+    stack_saved_bytes,
+    stack_shared_bytes,
+)
 
 __all__ = [
+    "BlockProfile", "register_block_rule", "block_options", "is_block", "stack_shared_bytes",
     "MemoryEstimate",
     "estimate_memory",
     "in_flight_micro_batches",

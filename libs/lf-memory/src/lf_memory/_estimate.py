@@ -32,7 +32,7 @@ What one rank holds at its peak (bytes), following ZeRO's accounting
 
 Not counted: the CUDA context, NCCL's own buffers and allocator fragmentation
 (compare against ``torch.cuda.max_memory_allocated``, not ``nvidia-smi``).
-Nodes without a ``saved_bytes`` rule (e.g. the DiT block) use :mod:`lf_memory._estimate_rules`.
+Blocks other than transformer blocks (the DiT block, the joint block) use :mod:`lf_memory._estimate_rules`.
 """
 
 from __future__ import annotations

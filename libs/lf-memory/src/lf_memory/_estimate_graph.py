@@ -18,12 +18,6 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from lf_ir import TransformerBlock
-from lf_ir._nodes_dit import DiTBlock
-
-BLOCK_TYPES = (TransformerBlock, DiTBlock)
-"""Node types that recomputation checkpoints and pipeline splitting distributes."""
-
 
 def _strip_names(value):
     if isinstance(value, dict):
@@ -34,8 +28,9 @@ def _strip_names(value):
 
 
 def is_block(node) -> bool:
-    """Whether ``node`` is a repeated block (recomputed and split by pipeline stages)."""
-    return isinstance(node, BLOCK_TYPES)
+    """Whether ``node`` is a repeated block (recomputed and split by pipeline stages): its class sets lf-ir's
+    ``is_block``."""
+    return bool(getattr(type(node), "is_block", False))
 
 
 @dataclass

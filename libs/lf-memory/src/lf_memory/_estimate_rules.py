@@ -12,11 +12,10 @@ Legend: ``T = batch * seq / cp`` local tokens, ``d`` width, ``H`` MLP hidden wid
   (divided by sp); other modes (``"selective"``...) keep
   :func:`lf_memory.block_saved_bytes` of the mode: the input divided by sp, the
   rest (matmul outputs) by tp.
-- ``DiTBlock`` (no ``saved_bytes`` rule in lf-ir yet): an estimate counted like
-  the transformer block from the Wan2.1 forward: self-attention 13 ``T*d`` tensors
-  (the float32 norm input counts 2 at bf16), cross-attention 5, the modulated
-  feed-forward 3 plus ``2*T*H`` hidden, and two float32 log-sum-exps; ``full``
-  keeps the input, ``selective`` the input and the matmul outputs (``9*T*d + T*H``).
+- Other blocks (``DiTBlock``, ``JointAttentionBlock``: any node class with
+  ``is_block``): without recompute their ``saved_bytes``, 70% of it divided by tp
+  as for a transformer block; recomputed, :func:`lf_memory.block_saved_terms` of the
+  mode (the input divided by sp, matmul and attention outputs by tp).
 - ``kernels="cuda"``: RMSNorm runs fused (``torch._fused_rms_norm``), which keeps its
   input and a float32 ``rstd`` only, not the CPU decomposition's float32 input and ``x * rstd``.
 - Any other node: its ``saved_bytes`` (nodes without one: ``T * out_dim * db``),
@@ -29,11 +28,10 @@ from __future__ import annotations
 from functools import lru_cache
 
 from lf_ir import TransformerBlock
-from lf_ir._nodes_dit import DiTBlock
 
-from ._saved_bytes import block_saved_bytes
+from ._saved_bytes import block_saved_bytes, block_saved_terms, is_block
 
-_TP_TERMS = frozenset({"attention.qkv", "mlp.hidden", "matmul_outputs", "attention.lse"})
+_TP_TERMS = frozenset({"attention.qkv", "mlp.hidden", "matmul_outputs", "attention.lse", "attention.out"})
 _KEPT_TERMS = frozenset({"attention.rope"})
 
 
@@ -71,17 +69,6 @@ def _block_terms(node, batch: int, seq: int, db: int, mode: str, kernels: str) -
             "mlp.hidden": node.mlp.saved_bytes(batch, seq, db) - width}
 
 
-def _dit_terms(node: DiTBlock, tokens: int, batch: int, seq: int, db: int, mode: str) -> dict[str, int]:
-    d, hidden, heads = node.dim, node.ffn.hidden, node.self_attn.heads
-    if mode == "full":
-        return {"input": tokens * d * db}
-    lse = 2 * batch * heads * seq * 4
-    if mode == "selective":
-        return {"input": tokens * d * db, "matmul_outputs": (9 * tokens * d + tokens * hidden) * db, "lse": lse}
-    return {"input": 4 * tokens * d * db, "attention.qkv": 11 * tokens * d * db,
-            "norm": 6 * tokens * d * db, "mlp.hidden": 2 * tokens * hidden * db, "attention.lse": lse}
-
-
 @lru_cache(maxsize=65536)
 def node_saved(node, batch: int, seq: int, db: int, mode: str, tp: int, sp: bool, cp: int,
                kernels: str = "cpu") -> float:
@@ -101,8 +88,11 @@ def node_saved(node, batch: int, seq: int, db: int, mode: str, tp: int, sp: bool
             return _split(_block_terms(node, batch, local, db, mode, kernels), tp, sp)
         except (TypeError, ValueError, AttributeError, NotImplementedError):
             pass
-    if isinstance(node, DiTBlock):
-        return _split(_dit_terms(node, batch * local, batch, local, db, mode), tp, sp)
+    if is_block(node) and mode != "none" and not isinstance(node, TransformerBlock):
+        try:
+            return _split(block_saved_terms(node, batch, local, mode, dtype_bytes=db), tp, sp)
+        except ValueError:  # no selective rule for this block type: the full recompute bytes
+            return _split(block_saved_terms(node, batch, local, "full", dtype_bytes=db), tp, sp)
     rule = getattr(node, "saved_bytes", None)
     try:
         saved = rule(batch, local, db) if rule is not None else None
@@ -110,6 +100,6 @@ def node_saved(node, batch: int, seq: int, db: int, mode: str, tp: int, sp: bool
         saved = None
     if saved is None:
         saved = batch * local * node.out_dim * db
-    if isinstance(node, TransformerBlock):
+    if is_block(node):
         return saved * (0.3 * (1 / tp if sp else 1) + 0.7 / tp)
     return saved / tp if sp else saved

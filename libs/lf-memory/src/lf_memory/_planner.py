@@ -1,7 +1,10 @@
 """The recompute planner: per block, what to recompute with the least recomputed FLOPs under a budget.
 
-A multiple-choice knapsack over the transformer blocks of an lf-ir graph. Each
-block takes one of :data:`lf_memory.BLOCK_OPTIONS`; each option has a cost
+A multiple-choice knapsack over the blocks of an lf-ir graph: every node whose
+class sets ``is_block`` (transformer, Qwen2-VL ``MMBlock``, Wan ``DiTBlock``, the
+pi0 ``JointAttentionBlock``). Each block takes one of
+:data:`lf_memory.BLOCK_OPTIONS` its type has a rule for
+(:func:`lf_memory._saved_bytes.block_options`; ``"none"`` and ``"full"`` always); each option has a cost
 (bytes kept for backward, :func:`lf_memory.block_saved_bytes`) and a price
 (FLOPs recomputed in backward):
 
@@ -10,14 +13,17 @@ block takes one of :data:`lf_memory.BLOCK_OPTIONS`; each option has a cost
   which the IR's FLOP model counts as 0; the planner prices them at **one FLOP
   per element they rebuild** (the bytes the option frees over ``"none"``
   divided by ``dtype_bytes``), so it never picks them for free;
-- ``"selective_attn"``: the above plus the attention core (``forward_flops`` of
-  the attention minus its projections: the dense ``4 * batch * seq^2 * dim``
-  term of the MFU convention);
+- ``"selective_attn"``: the above plus the attention cores (the score and value
+  products, :attr:`lf_memory._block_rules.BlockProfile.attention_flops`: the dense
+  ``4 * batch * seq^2 * dim`` term of the MFU convention for a transformer block);
 - ``"full"``: the block's whole ``forward_flops``.
 
 Everything that is not a block (embeddings, patch embeddings, heads, mergers)
 keeps its IR ``saved_bytes`` whatever the plan; nodes without a byte rule are
-counted as 0 and listed in :attr:`RecomputePlan.unpredicted`.
+counted as 0 and listed in :attr:`RecomputePlan.unpredicted`. Tensors every block
+of a component shares (a DiT's text context, RoPE tables and time embedding, a
+joint block's key padding) are counted once per component, as if some block were
+checkpointed (an overcount of a few bytes per token when none is).
 
 Solver: exact. Blocks are merged one at a time into a Pareto frontier of
 (bytes, FLOPs) partial plans (dominated points and points already over the
@@ -36,15 +42,23 @@ from collections.abc import Collection, Mapping, Sequence
 
 import msgspec
 
-from lf_ir import Graph, TransformerBlock
+from lf_ir import Graph
 
-from ._saved_bytes import BLOCK_OPTIONS, block_saved_bytes
+from ._block_rules import block_profile
+from ._saved_bytes import (
+    BLOCK_OPTIONS,
+    SHARED_TERMS,
+    block_options,
+    block_saved_terms,
+    is_block,
+    stack_shared_bytes,
+)
 
 __all__ = ["RecomputePlan", "block_option_costs", "plan_recompute", "solve_recompute"]
 
 
 class RecomputePlan(msgspec.Struct, frozen=True, kw_only=True):
-    """What :func:`plan_recompute` chose: one option per transformer block, and its totals."""
+    """What :func:`plan_recompute` chose: one option per block, and its totals."""
 
     options: dict[str, list[str]]
     """Component name -> one of :data:`lf_memory.BLOCK_OPTIONS` per block of that component, in order."""
@@ -75,28 +89,31 @@ class RecomputePlan(msgspec.Struct, frozen=True, kw_only=True):
         return {option: flat.count(option) for option in BLOCK_OPTIONS}
 
 
-def _attention_core_flops(node: TransformerBlock, batch: int, seq: int) -> int:
-    """The score and value products of the attention (dense, as in ``forward_flops``)."""
-    return 4 * batch * seq * seq * node.attention.dim
+def _option_costs(node, batch: int, seq: int, dtype_bytes: int, key_padding: bool,
+                  shared: bool) -> dict[str, tuple[int, int]]:
+    terms = {o: block_saved_terms(node, batch, seq, o, key_padding=key_padding, dtype_bytes=dtype_bytes)
+             for o in block_options(node)}
+    saved = {o: sum(v for k, v in t.items() if shared or k not in SHARED_TERMS) for o, t in terms.items()}
+    costs = {"none": (saved["none"], 0), "full": (saved["full"], node.forward_flops(batch, seq))}
+    if "selective" in saved:
+        elementwise = max(0, saved["none"] - saved["selective"]) // dtype_bytes
+        core = block_profile(node, batch, seq, dtype_bytes).attention_flops
+        costs["selective"] = (saved["selective"], elementwise)
+        costs["selective_attn"] = (saved["selective_attn"], elementwise + core)
+    return costs
 
 
 def block_option_costs(
-    node: TransformerBlock, batch: int, seq: int, dtype_bytes: int = 2, *, key_padding: bool = False,
+    node, batch: int, seq: int, dtype_bytes: int = 2, *, key_padding: bool = False,
 ) -> dict[str, tuple[int, int]]:
-    """Option -> (bytes kept for backward, FLOPs recomputed) for one block (module docstring's prices).
+    """Option -> (bytes kept for backward, FLOPs recomputed) for one block alone (module docstring's prices).
+
+    ``node`` is any lf-ir block; the options are those of :func:`lf_memory._saved_bytes.block_options`.
 
     Raises:
         TypeError / ValueError: as :func:`lf_memory.block_saved_bytes`.
     """
-    saved = {o: block_saved_bytes(node, batch, seq, o, key_padding=key_padding, dtype_bytes=dtype_bytes)
-             for o in BLOCK_OPTIONS}
-    elementwise = max(0, saved["none"] - saved["selective"]) // dtype_bytes
-    return {
-        "none": (saved["none"], 0),
-        "selective": (saved["selective"], elementwise),
-        "selective_attn": (saved["selective_attn"], elementwise + _attention_core_flops(node, batch, seq)),
-        "full": (saved["full"], node.forward_flops(batch, seq)),
-    }
+    return _option_costs(node, batch, seq, dtype_bytes, key_padding, True)
 
 
 def solve_recompute(
@@ -151,15 +168,16 @@ def plan_recompute(
     """Choose per block what to recompute so activations fit ``budget_bytes`` with the least recomputed FLOPs.
 
     Args:
-        graph: an lf-ir graph; its ``TransformerBlock`` nodes (``MMBlock`` included) are planned.
+        graph: an lf-ir graph; its blocks (nodes whose class sets ``is_block``) are planned.
         budget_bytes: bytes available per GPU for activations kept for backward (what remains after
             parameters, gradients, optimizer state and buffers: the memory estimator's job).
         batch: micro-batch size (samples) on this rank.
         seq: tokens per sample on this rank: None for each component's ``seq_len``, an int for every
             component, or ``{component: tokens}`` (others keep ``seq_len``). Divide by the CP degree.
         dtype_bytes: bytes per activation element (2 for bf16 / fp16, 4 for float32).
-        key_padding: whether attention gets a (batch, seq) key-padding mask (VLA instructions): a bool for
-            every component, or the names of the components that get one (``{"backbone"}``).
+        key_padding: whether a transformer block's attention gets a (batch, seq) key-padding mask (VLA
+            instructions): a bool for every component, or the names of the components that get one
+            (``{"backbone"}``). Joint blocks count their own key padding.
         in_flight: micro-batches whose activations are alive at once (1 without pipelining; up to the
             number of stages on the first stage under 1F1B). The bytes of one micro-batch are multiplied.
         options: the block options allowed, a subset of :data:`lf_memory.BLOCK_OPTIONS` with ``"full"``
@@ -195,10 +213,17 @@ def plan_recompute(
         s = _component_seq(comp, seq)
         if s < 1:
             raise ValueError(f"seq for component {comp.name!r} must be >= 1, got {s}")
+        padded = key_padding if isinstance(key_padding, bool) else comp.name in key_padding
+        blocks = comp.blocks()
+        if blocks:  # tensors all blocks share: once per component, under the most demanding option
+            first = blocks[0]
+            shared = max(sum(v for k, v in block_saved_terms(first, batch, s, o, key_padding=padded,
+                                                              dtype_bytes=dtype_bytes).items() if k in SHARED_TERMS)
+                         for o in block_options(first) if o in options)
+            fixed += (shared + stack_shared_bytes(first, batch, s, dtype_bytes)) * in_flight
         for node in comp.nodes:
-            if isinstance(node, TransformerBlock):
-                padded = key_padding if isinstance(key_padding, bool) else comp.name in key_padding
-                costs = block_option_costs(node, batch, s, dtype_bytes, key_padding=padded)
+            if is_block(node):
+                costs = _option_costs(node, batch, s, dtype_bytes, padded, False)
                 items.append({o: (b * in_flight, f) for o, (b, f) in costs.items() if o in options})
                 names.setdefault(comp.name, []).append(node.name)
             elif hasattr(node, "saved_bytes"):

@@ -1,4 +1,8 @@
-"""Bytes a transformer block keeps for backward under each recompute option, from the IR.
+"""Bytes a block keeps for backward under each recompute option, from the IR.
+
+Any lf-ir node whose class sets ``is_block`` is a block; the per-type rules
+(``TransformerBlock``, ``MMBlock``, ``DiTBlock``, ``JointAttentionBlock``) live in
+:mod:`lf_memory._block_rules`; the transformer block's are spelled out here.
 
 Without recomputation the numbers are the IR's own: each node's
 ``saved_bytes(batch, seq, dtype_bytes)`` (``lf_ir._bytes`` states the rules:
@@ -19,9 +23,12 @@ rules add that (legend: ``T = batch * seq`` tokens, ``d`` model width,
   too (only matmul outputs are kept): the SDPA output and log-sum-exp are not kept.
 
 A ``key_padding`` (batch, seq) bool input is kept by a checkpointed block too
-(batch*seq bytes); being shared by all blocks it is counted once per stack.
-Rotary tables passed into a block (Qwen2-VL's M-RoPE) are the caller's tensors
-and are not counted under recomputation, as measured.
+(batch*seq bytes); being shared by all blocks it is counted once per stack, as are
+the other inputs every block receives as one tensor (the ``shared_inputs`` term: a
+DiT's time embedding, a joint block's key padding), and, in every mode, a DiT
+stack's text context and RoPE tables (``DiTBlock.shared_saved_bytes``).
+Rotary tables passed into a block (Qwen2-VL's M-RoPE) are the caller's tensors,
+kept once per stack in every mode (:func:`stack_shared_bytes`).
 
 Assumptions: one activation dtype, CPU kernels, no dropout, ``seq_q == seq_kv``;
 a ViT attention split into several segments takes a dense-mask path the IR's
@@ -35,83 +42,109 @@ from collections.abc import Sequence
 
 from lf_ir import TransformerBlock
 
+from ._block_rules import block_profile
 from ._recompute_modes import recompute_flags
 
-__all__ = ["BLOCK_OPTIONS", "block_saved_bytes", "block_saved_terms", "stack_saved_bytes"]
+__all__ = ["BLOCK_OPTIONS", "block_options", "block_saved_bytes", "block_saved_terms", "is_block",
+           "stack_saved_bytes"]
 
 BLOCK_OPTIONS: tuple[str, ...] = ("none", "selective_attn", "selective", "full")
 """What recomputation can do to one block, by increasing recomputed FLOPs (see :func:`block_saved_terms`):
 ``"none"``, ``"selective"`` (keep matmul and attention outputs), ``"selective_attn"`` (keep matmul
 outputs only) and ``"full"`` (keep the input only)."""
 
-_LSE_BYTES = 4  # SDPA's log-sum-exp is float32 for float16 / bfloat16 / float32 inputs
+SHARED_TERMS: tuple[str, ...] = ("key_padding", "shared_inputs")
+"""Terms of :func:`block_saved_terms` that are the same tensor in every block of a stack (counted once)."""
 
 
-def _matmul_output_elems(node: TransformerBlock, tokens: int) -> int:
-    """Elements of every matmul output of a block: q, k, v, o and the MLP projections."""
-    att, mlp = node.attention, node.mlp
-    kv = att.kv_heads * att.head_dim
-    mats = 3 if getattr(mlp, "activation", None) == "swiglu" else 2
-    return tokens * (2 * att.dim + 2 * kv) + tokens * (att.dim + (mats - 1) * mlp.hidden)
+def is_block(node) -> bool:
+    """Whether ``node`` is a repeated block (its class sets lf-ir's ``is_block``): a recompute unit."""
+    return bool(getattr(type(node), "is_block", False))
+
+
+def block_options(node) -> tuple[str, ...]:
+    """The options of :data:`BLOCK_OPTIONS` a block can take: all with a rule in :mod:`lf_memory._block_rules`,
+    else ``("none", "full")``."""
+    return BLOCK_OPTIONS if block_profile(node, 1, _probe_seq(node), 1) is not None else ("none", "full")
+
+
+def _probe_seq(node) -> int:
+    return getattr(node, "suffix_len", 0) + 1
+
+
+def _none_terms(node, batch: int, seq: int, key_padding: bool, db: int) -> dict[str, int]:
+    if isinstance(node, TransformerBlock):
+        return {
+            "attn_norm": node.attn_norm.saved_bytes(batch, seq, db),
+            "attention": node.attention.saved_bytes(batch, seq, db, key_padding=key_padding),
+            "mlp_norm": node.mlp_norm.saved_bytes(batch, seq, db),
+            "mlp": node.mlp.saved_bytes(batch, seq, db),
+        }
+    return {"block": node.saved_bytes(batch, seq, db)}
 
 
 def block_saved_terms(
-    node: TransformerBlock, batch: int, seq: int, mode: str = "none", *,
-    key_padding: bool = False, dtype_bytes: int = 4,
+    node, batch: int, seq: int, mode: str = "none", *, key_padding: bool = False, dtype_bytes: int = 4,
 ) -> dict[str, int]:
     """Bytes kept for backward by one block, by named term (see module docstring).
 
     Args:
-        node: the block's IR node (``module.lf_node`` of a lowered block): an
-            ``lf_ir.TransformerBlock`` or a subclass (``MMBlock``).
-        batch, seq: micro-batch size and tokens per sample.
-        mode: one of :data:`BLOCK_OPTIONS` (``"every_k"`` is a per-stack
+        node: the block's IR node (``module.lf_node`` of a lowered block): any node whose class
+            sets ``is_block`` (``TransformerBlock``, ``MMBlock``, ``DiTBlock``, ``JointAttentionBlock``).
+        batch, seq: micro-batch size and tokens per sample (a joint block: prefix + suffix).
+        mode: one of :func:`block_options` of the node (``"every_k"`` is a per-stack
             choice: see :func:`stack_saved_bytes`).
-        key_padding: whether the block gets a (batch, seq) key-padding mask.
+        key_padding: whether a transformer block gets a (batch, seq) key-padding mask (other blocks
+            count the masks they take themselves and ignore it).
         dtype_bytes: bytes per activation element (4 float32, 2 bf16 / fp16).
 
     Returns:
-        ``{term: bytes}``; the sum is :func:`block_saved_bytes`. ``"none"`` has one
-        term per child node (``attn_norm``, ``attention``, ``mlp_norm``, ``mlp``),
-        each the child's ``saved_bytes``.
+        ``{term: bytes}``; the sum is :func:`block_saved_bytes`. ``"none"`` of a transformer block has one
+        term per child node (``attn_norm``, ``attention``, ``mlp_norm``, ``mlp``), each the child's
+        ``saved_bytes``; of another block one term ``block``, its ``saved_bytes``. Checkpointed: ``input``,
+        ``matmul_outputs``, ``attention.out``, ``attention.lse`` as the mode keeps them, and the
+        :data:`SHARED_TERMS`.
 
     Raises:
-        TypeError: ``node`` is not an ``lf_ir.TransformerBlock``.
-        ValueError: unknown ``mode``, or a non-positive size.
+        TypeError: ``node`` is not a block.
+        ValueError: unknown ``mode`` or one the block has no rule for, or a non-positive size.
     """
-    if not isinstance(node, TransformerBlock):
-        raise TypeError(f"node must be an lf_ir.TransformerBlock, got {type(node).__name__}")
+    if not is_block(node):
+        raise TypeError(f"node must be an lf-ir block (a node class with is_block), got {type(node).__name__}")
     if mode not in BLOCK_OPTIONS:
         raise ValueError(f"mode must be one of {list(BLOCK_OPTIONS)} for one block, got {mode!r}")
     for name, value in (("batch", batch), ("seq", seq), ("dtype_bytes", dtype_bytes)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     if mode == "none":
-        return {
-            "attn_norm": node.attn_norm.saved_bytes(batch, seq, dtype_bytes),
-            "attention": node.attention.saved_bytes(batch, seq, dtype_bytes, key_padding=key_padding),
-            "mlp_norm": node.mlp_norm.saved_bytes(batch, seq, dtype_bytes),
-            "mlp": node.mlp.saved_bytes(batch, seq, dtype_bytes),
-        }
-    tokens = batch * seq
-    terms = {"input": tokens * node.in_dim * dtype_bytes}
-    if mode in ("selective", "selective_attn"):
-        terms["matmul_outputs"] = _matmul_output_elems(node, tokens) * dtype_bytes
-    if mode == "selective":
-        terms["attention.out"] = tokens * node.attention.dim * dtype_bytes
-        terms["attention.lse"] = batch * node.attention.heads * seq * _LSE_BYTES
-    if key_padding:
-        terms["key_padding"] = tokens
+        return _none_terms(node, batch, seq, key_padding, dtype_bytes)
+    profile = block_profile(node, batch, seq, dtype_bytes)
+    if profile is None:
+        if mode != "full":
+            raise ValueError(f"block {node.name!r} ({type(node).__name__}) has no selective recompute rule "
+                             f"(lf_memory._block_rules.register_block_rule); options: none, full; got {mode!r}")
+        terms = {"input": batch * seq * node.in_dim * dtype_bytes}
+    else:
+        terms = {"input": profile.inputs}
+        if mode in ("selective", "selective_attn"):
+            terms["matmul_outputs"] = profile.matmul_outputs
+        if mode == "selective":
+            terms["attention.out"] = profile.attention_outputs
+            terms["attention.lse"] = profile.attention_lse
+        if profile.shared_inputs:
+            terms["shared_inputs"] = profile.shared_inputs
+    if key_padding and isinstance(node, TransformerBlock):  # other blocks count their own (shared_inputs)
+        terms["key_padding"] = batch * seq
     return terms
 
 
 def block_saved_bytes(
-    node: TransformerBlock, batch: int, seq: int, mode: str = "none", *,
-    key_padding: bool = False, dtype_bytes: int = 4,
+    node, batch: int, seq: int, mode: str = "none", *, key_padding: bool = False, dtype_bytes: int = 4,
 ) -> int:
     """Bytes one block keeps for backward under ``mode``; see :func:`block_saved_terms`.
 
-    ``mode="none"`` equals the IR's ``node.saved_bytes(batch, seq, dtype_bytes, key_padding=...)``.
+    ``mode="none"`` equals the IR's ``node.saved_bytes(batch, seq, dtype_bytes)`` (with ``key_padding=``
+    for a transformer block). Shared terms are counted here; :func:`stack_saved_bytes` counts them once.
 
     Example:
         >>> from lf_ir import llama3_config
@@ -124,24 +157,37 @@ def block_saved_bytes(
                                  dtype_bytes=dtype_bytes).values())
 
 
+def stack_shared_bytes(node, batch: int, seq: int, dtype_bytes: int) -> int:
+    """Caller tensors a stack of such blocks keeps once in every mode: a DiT's text context and RoPE tables
+    (``shared_saved_bytes``), a Qwen2-VL block's rotary tables (``attention.rope_table_bytes``); else 0."""
+    rule = getattr(node, "shared_saved_bytes", None)
+    if rule is None:
+        rule = getattr(getattr(node, "attention", None), "rope_table_bytes", None)
+    return rule(batch, seq, dtype_bytes) if rule is not None else 0
+
+
+def stack_terms(per_block: Sequence[dict[str, int]]) -> int:
+    """Sum of a stack's block terms with each of :data:`SHARED_TERMS` counted once (its largest value)."""
+    total = sum(v for terms in per_block for k, v in terms.items() if k not in SHARED_TERMS)
+    return total + sum(max((terms.get(k, 0) for terms in per_block), default=0) for k in SHARED_TERMS)
+
+
 def stack_saved_bytes(
-    nodes: Sequence[TransformerBlock], batch: int, seq: int, mode: str, *, every: int = 2,
+    nodes: Sequence, batch: int, seq: int, mode: str, *, every: int = 2,
     key_padding: bool = False, dtype_bytes: int = 4,
 ) -> int:
     """Bytes a stack of blocks keeps for backward under any mode, ``"every_k"`` included.
 
-    Blocks are chosen as :func:`lf_memory.apply_recompute` chooses them; the
-    shared ``key_padding`` input is counted once.
+    Blocks are chosen as :func:`lf_memory.apply_recompute` chooses them; the shared
+    inputs (:data:`SHARED_TERMS`, :func:`stack_shared_bytes`) are counted once.
 
     Raises:
         ValueError: unknown ``mode`` or bad ``every`` (see :func:`recompute_flags`).
     """
     flags = recompute_flags(len(nodes), mode, every=every)
     block_mode = "selective" if mode == "selective" else "full"
-    total = sum(block_saved_bytes(node, batch, seq, block_mode if flag else "none",
-                                  key_padding=key_padding, dtype_bytes=dtype_bytes)
-                for node, flag in zip(nodes, flags, strict=True))
-    checkpointed = sum(flags)
-    if key_padding and checkpointed > 1:
-        total -= (checkpointed - 1) * batch * seq
-    return total
+    per_block = [block_saved_terms(node, batch, seq, block_mode if flag else "none",
+                                   key_padding=key_padding, dtype_bytes=dtype_bytes)
+                 for node, flag in zip(nodes, flags, strict=True)]
+    shared = stack_shared_bytes(nodes[0], batch, seq, dtype_bytes) if nodes else 0
+    return stack_terms(per_block) + shared
