@@ -98,7 +98,7 @@ def test_nonfinite_rollback_restores_the_checkpoint_and_skips_the_bad_batches(ti
 
 
 def test_rollback_restores_checkpoint_weights_exactly(tiny_config, tmp_path):
-    from lf_orchestrator.checkpoint import load_checkpoint
+    from lf_orchestrator.checkpoint import load_weights
     from lf_orchestrator.faults import RolledBack
 
     trainer = _trainer(tiny_config, tmp_path, "train.steps=3", "train.ckpt_every=2", "train.on_nonfinite='rollback'")
@@ -108,7 +108,8 @@ def test_rollback_restores_checkpoint_weights_exactly(tiny_config, tmp_path):
     _poison(trainer, 4)
     with pytest.raises(RolledBack, match="step-00000003"):
         trainer.train_step()
-    saved, state = load_checkpoint(tmp_path / "checkpoints" / "step-00000003")
+    saved = load_weights(tmp_path / "checkpoints" / "step-00000003")
+    state = torch.load(tmp_path / "checkpoints" / "step-00000003" / "train_state.pt", weights_only=True)
     assert trainer.step == 3 == state["step"]
     assert all(torch.equal(saved[k], v) for k, v in trainer.model.state_dict().items())
 
@@ -203,26 +204,33 @@ def test_watchdog_abort_exits_with_its_code(tmp_path):
 
 
 def test_sigkill_during_checkpoint_save_keeps_the_previous_one(tmp_path):
-    """The process dies (SIGKILL) after writing step 2's weights but before its state: step 1 stays the
+    """The process dies (SIGKILL) after writing step 2's DCP shards but before its marker: step 1 stays the
     loadable latest and the half-written folder is never taken. Oracle: step 1's saved tensors."""
     code = textwrap.dedent(f"""
         import os, signal, torch
         from pathlib import Path
-        import lf_orchestrator.checkpoint as ck
+        import lf_parallel._checkpoint as ck
+        from lf_orchestrator.families._state import FamilyCheckpointer
         run = Path({str(tmp_path)!r})
-        ck.save_checkpoint(run, 1, {{"w": torch.arange(4.0)}}, {{"step": 1}}, keep=2)
-        ck.torch.save = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
-        ck.save_checkpoint(run, 2, {{"w": torch.zeros(4)}}, {{"step": 2}}, keep=2)
+        loss = torch.nn.Module()
+        loss.model = torch.nn.Linear(4, 1, bias=False)
+        saver = FamilyCheckpointer(run, distributed=False, keep=2)
+        with torch.no_grad():
+            loss.model.weight.copy_(torch.arange(4.0))
+        saver.save(1, loss, None, {{"step": 1}}, "dp=1")
+        ck._commit = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+        with torch.no_grad():
+            loss.model.weight.zero_()
+        saver.save(2, loss, None, {{"step": 2}}, "dp=1")
     """)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == -signal.SIGKILL, res.stderr
-    from lf_orchestrator.checkpoint import latest_checkpoint, load_checkpoint
+    from lf_orchestrator.checkpoint import latest_checkpoint, load_weights
 
-    assert any(p.name.startswith(".step-00000002.tmp") for p in (tmp_path / "checkpoints").iterdir())
+    assert (tmp_path / "checkpoints" / "step-00000002.tmp").is_dir()
     latest = latest_checkpoint(tmp_path)
     assert latest.name == "step-00000001"
-    weights, state = load_checkpoint(latest)
-    assert torch.equal(weights["w"], torch.arange(4.0)) and state["step"] == 1
+    assert torch.equal(load_weights(latest)["weight"], torch.arange(4.0).reshape(1, 4))
 
 
 def test_rollback_gives_up_on_a_persistent_blow_up(tiny_config, tmp_path):

@@ -112,6 +112,90 @@ def test_pytorchjob_manifest_validates_against_the_crd_schema(tiny_config):
             jsonschema.validate(bad, schema)
 
 
+JOBSET_SCHEMA = Path(__file__).parent / "data" / "jobset_v1alpha2_schema.json"
+
+
+def test_jobset_manifest_validates_and_runs_torchrun_through_the_headless_service(tiny_config):
+    """Oracles: the JobSet CRD's schema (``data/jobset_v1alpha2_schema.json``) and torchrun's own argument parser
+    reading the container's command line: 4 indexed pods, c10d rendezvous at pod 0's stable host name."""
+    import jsonschema
+    from torch.distributed.run import get_args_parser
+
+    schema = json.loads(JOBSET_SCHEMA.read_text())
+    m = _manifest(tiny_config, "--kind", "jobset", "--nodes", "4", "--gpus-per-node", "8", "--max-restarts", "3",
+                  "--run-id", "vla-7", "--cpu", "64", "--memory", "512Gi", "--env", "NCCL_DEBUG=WARN",
+                  "--volume", "runs:/mnt/runs", "--namespace", "ml")
+    jsonschema.validate(m, schema)
+    assert (m["apiVersion"], m["kind"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet")
+    assert m["metadata"]["name"] == "vla-7" and m["metadata"]["namespace"] == "ml"
+    spec = m["spec"]
+    assert spec["network"] == {"enableDNSHostnames": True, "subdomain": "vla-7"}
+    assert spec["failurePolicy"] == {"maxRestarts": 3}
+    assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["workers"]}
+    (rjob,) = spec["replicatedJobs"]
+    assert rjob["name"] == "workers" and rjob["replicas"] == 1
+    job = rjob["template"]["spec"]
+    assert (job["parallelism"], job["completions"], job["completionMode"], job["backoffLimit"]) == (4, 4, "Indexed", 0)
+    pod = job["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    (c,) = pod["containers"]
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": 8, "cpu": "64", "memory": "512Gi"}
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == 8
+    assert {"name": "NCCL_DEBUG", "value": "WARN"} in c["env"]
+    assert {"name": "runs", "mountPath": "/mnt/runs"} in c["volumeMounts"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    assert c["command"] == ["python", "-m", "torch.distributed.run"]
+    a = get_args_parser().parse_args(c["args"])
+    assert (a.nnodes, a.nproc_per_node, a.max_restarts) == ("4", "8", 3) and not a.standalone
+    assert (a.rdzv_backend, a.rdzv_endpoint, a.rdzv_id) == ("c10d", "vla-7-workers-0-0.vla-7:29500", "vla-7")
+    assert a.module and a.training_script == "lf_orchestrator"
+    assert a.training_script_args[:4] == ["run", str(tiny_config), "--run-dir",
+                                          f"{tiny_config.parent / 'runs'}/tiny-vla-7"]
+
+
+def test_jobset_schema_rejects_broken_manifests(tiny_config):
+    """The schema can fail: each of these edits of a valid manifest is caught."""
+    import jsonschema
+
+    schema = json.loads(JOBSET_SCHEMA.read_text())
+    m = _manifest(tiny_config, "--kind", "jobset", "--nodes", "2", "--run-id", "vla-8")
+    jsonschema.validate(m, schema)
+    job = ("spec", "replicatedJobs", 0, "template", "spec")
+    edits = [(("apiVersion",), "jobset.x-k8s.io/v1"),
+             ((*job, "completionMode"), "Sometimes"),
+             ((*job, "template", "spec", "restartPolicy"), "Always"),  # Job pods: Never / OnFailure only
+             ((*job, "template", "spec", "containers", 0, "imagee"), "x"),
+             (("spec", "successPolicy", "operator"), "Most"),
+             (("spec", "failurePolicy", "maxRestarts"), "3"),
+             (("spec", "replicatedJobs", 0, "replicaz"), 2),
+             (("spec", "networking"), {})]
+    for path, value in edits:
+        bad = json.loads(json.dumps(m))
+        node = bad
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+    del m["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    with pytest.raises(jsonschema.ValidationError, match="'template' is a required property"):
+        jsonschema.validate(m, schema)
+
+
+def test_jobset_one_node_cpu_and_written_file(tiny_config, tmp_path):
+    """One CPU node: torchrun --standalone, no GPUs requested; without --dry-run the manifest goes to --output."""
+    m = _manifest(tiny_config, "--kind", "jobset", "--device", "cpu", "--gpus-per-node", "2")
+    c = m["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in c["resources"]["limits"] and "--standalone" in c["args"]
+    out = tmp_path / "job.yaml"
+    res = CliRunner().invoke(app, ["launch", str(tiny_config), "--backend", "kubernetes", "--kind", "jobset",
+                                   "--image", "ghcr.io/lf/lf:0.2", "--output", str(out)])
+    assert res.exit_code == 0, res.output
+    assert yaml.safe_load(out.read_text())["kind"] == "JobSet"
+    res = CliRunner().invoke(app, ["launch", str(tiny_config), "--kind", "jobset", "--dry-run"])
+    assert res.exit_code == 2 and "--kind jobset: only with --backend kubernetes" in res.output
+
+
 def test_kubernetes_needs_an_image_and_a_dns_name(tiny_config):
     res = CliRunner().invoke(app, ["launch", str(tiny_config), "--backend", "kubernetes", "--dry-run"])
     assert res.exit_code == 2 and "--image" in res.output

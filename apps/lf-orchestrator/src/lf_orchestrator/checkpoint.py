@@ -1,28 +1,41 @@
-"""Atomic checkpoints: weights as safetensors, training state with ``weights_only`` loading.
+"""The checkpoints of a run folder: finding the newest, reading weights, and the errors for damaged files.
 
-Layout under a run folder::
+Training state is written by :class:`lf_orchestrator.families._state.FamilyCheckpointer` for every
+trainer (sharded DCP folders, atomic, keep-last-k, optionally asynchronous; see that module for the
+layout and :mod:`lf_orchestrator.train_state` for what goes with the shards)::
 
-    checkpoints/step-00000500/model.safetensors   model weights (HF-compatible tensors)
+    checkpoints/step-00000500/.metadata, __<rank>_0.distcp   model + optimizer shards (DCP)
+    checkpoints/step-00000500/train_state.pt                 schedule, scaler, samplers, RNG, step, plan
+    checkpoints/step-00000500/.lf_complete                   completion marker
+    checkpoints/latest                                       name of the newest complete checkpoint
+
+Runs of lf-orchestrator 0.3 and before wrote one full-state folder per step instead (the *legacy*
+layout, read here and never written any more)::
+
+    checkpoints/step-00000500/model.safetensors   model weights
     checkpoints/step-00000500/state.pt            optimizer, scheduler, sampler, RNG, step
-    checkpoints/latest                            name of the newest complete checkpoint
 
-A checkpoint is written into a hidden temporary folder, flushed, then renamed
-into place; ``latest`` is replaced atomically afterwards. A crash at any point
-leaves the previous checkpoint loadable and never a partial one marked latest.
+:func:`load_weights` reads the model weights of either layout (``lf eval``); the VLA trainer resumes
+either (a legacy one under the world size that wrote it).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 MODEL_FILE = "model.safetensors"
+"""Legacy layout: the model weights (safetensors)."""
 STATE_FILE = "state.pt"
+"""Legacy layout: the training state (``torch.load(weights_only=True)``)."""
+MARKER = ".lf_complete"
+"""DCP layout: the completion marker (``lf_parallel.MARKER``)."""
+PREFIX = "model."
+"""DCP layout: the trainers' prefix in front of the recipe model's parameter names."""
 
 
 def _fsync(path: Path) -> None:
@@ -41,44 +54,25 @@ def write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(run_dir: Path, step: int, model_state: dict[str, torch.Tensor],
-                    train_state: dict[str, Any], *, keep: int) -> Path:
-    """Write checkpoint ``step`` atomically, point ``latest`` at it, keep the newest ``keep``."""
-    root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:08d}"
-    tmp = root / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    tensors = {k: v.detach().contiguous().cpu() for k, v in model_state.items()}
-    save_file(tensors, str(tmp / MODEL_FILE))
-    torch.save(train_state, tmp / STATE_FILE)
-    for f in (MODEL_FILE, STATE_FILE):
-        _fsync(tmp / f)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync(root)
-    write_text_atomic(root / "latest", final.name)
-    for old in sorted(root.glob("step-*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+def is_legacy(path: Path) -> bool:
+    """Whether ``path`` is a complete checkpoint folder of the legacy full-state layout."""
+    return (Path(path) / MODEL_FILE).is_file() and (Path(path) / STATE_FILE).is_file()
 
 
 def _complete(path: Path) -> bool:
-    """Both files of this module's layout, or the llm/vlm/video families' DCP folder with its marker."""
-    return (path / MODEL_FILE).is_file() and (path / STATE_FILE).is_file() or (path / ".lf_complete").is_file()
+    """A DCP folder with its marker, or both files of the legacy layout."""
+    return (path / MARKER).is_file() or is_legacy(path)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a run folder, or None."""
+    """The newest complete checkpoint of a run folder (DCP or legacy layout), or None.
+
+    Completeness (the marker, or both legacy files renamed into place), not the ``latest`` pointer, decides:
+    a save killed after its rename but before the pointer was replaced still counts, and an unfinished
+    ``step-*.tmp`` folder never does.
+    """
     root = Path(run_dir) / "checkpoints"
-    pointer = root / "latest"
-    if pointer.is_file():
-        candidate = root / pointer.read_text().strip()
-        if _complete(candidate):
-            return candidate
-    done = [p for p in sorted(root.glob("step-*")) if _complete(p)]
+    done = [p for p in sorted(root.glob("step-*")) if p.is_dir() and not p.name.endswith(".tmp") and _complete(p)]
     return done[-1] if done else None
 
 
@@ -106,7 +100,7 @@ def check_finite_state(path: Path, name: str, state: dict[str, torch.Tensor]) ->
 
 def load_checkpoint(path: Path, device: torch.device | str = "cpu"
                     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """(model state, training state) of a checkpoint folder; no arbitrary unpickling.
+    """(model state, training state) of a legacy-layout checkpoint folder; no arbitrary unpickling.
 
     Raises:
         FileNotFoundError: naming the missing file.
@@ -126,3 +120,33 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu"
     except Exception as err:  # UnpicklingError, EOFError, RuntimeError on truncated zip archives
         raise damaged(path, STATE_FILE, err) from None
     return model_state, train_state
+
+
+def load_weights(path: Path, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """The recipe model's full weights (its own parameter names) from a checkpoint folder of either layout.
+
+    One process, no process group: DCP shards written under any plan are read whole (``lf eval``, export).
+
+    Raises:
+        FileNotFoundError: ``path`` is missing, or neither complete layout (names the folder).
+        CheckpointError: unreadable shards or weights holding NaN/inf (names the file and tensor).
+    """
+    path = Path(path)
+    if is_legacy(path):
+        return load_checkpoint(path, device)[0]
+    if not (path / MARKER).is_file():
+        raise FileNotFoundError(f"checkpoint {path}: missing or incomplete (no {MARKER} marker, no {MODEL_FILE}); "
+                                f"it was not completely written")
+    from torch.distributed.checkpoint import CheckpointException
+
+    from lf_parallel import read_full_tensors
+
+    try:
+        tensors = read_full_tensors(path, prefix="model." + PREFIX)  # DCP's model namespace, then the trainer's
+    except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
+        raise damaged(path, "the DCP shards", err) from None
+    if not tensors:
+        raise damaged(path, "the DCP shards", f"no model tensors under {PREFIX!r}")
+    weights = {k: v.to(device) for k, v in tensors.items()}
+    check_finite_state(path, "the DCP shards", weights)
+    return weights

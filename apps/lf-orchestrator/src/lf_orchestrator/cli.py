@@ -203,6 +203,8 @@ def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = 
         if ctx.is_main and resume is not None:  # the checkpoint loaded: keep the overrides
             write_text_atomic(run_dir / "config.toml", to_toml(cfg))
             console.print(f"resumed from step {trainer.step} of {cfg.train.steps}")
+            if trainer.resharded:
+                console.print(trainer.resharded, highlight=False)
         if trainer.step >= cfg.train.steps:
             if ctx.is_main:
                 console.print("the run is already finished; raise train.steps with --set to continue")

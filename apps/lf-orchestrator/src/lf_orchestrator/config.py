@@ -106,8 +106,8 @@ class TrainSection(_Section):
     keep_checkpoints: int = 2
     """Checkpoints kept (oldest deleted)."""
     async_checkpoint: bool = False
-    """llm/vlm/video families: write checkpoints in the background (DCP ``async_save``); the state is copied to
-    CPU memory at the step, the previous save is awaited before the next one and at exit."""
+    """Write checkpoints in the background (DCP ``async_save``); the state is copied to CPU memory at the step,
+    the previous save is awaited before the next one and at exit."""
     on_nonfinite: Literal["stop", "skip", "rollback"] = "stop"
     """NaN/inf loss or gradient norm: ``stop`` the run, ``skip`` the update, or ``rollback`` to the latest
     checkpoint without replaying the batches since (see ``lf_orchestrator.faults``)."""

@@ -25,7 +25,7 @@ import torch
 from lf_data import MetaWorldEnv, metaworld_episode_seed
 from lf_memory import resolve_precision
 from lf_orchestrator import assembly
-from lf_orchestrator.checkpoint import latest_checkpoint, load_checkpoint, write_text_atomic
+from lf_orchestrator.checkpoint import latest_checkpoint, load_weights, write_text_atomic
 from lf_orchestrator.config import Config, load_config
 
 
@@ -55,10 +55,12 @@ class VLAPolicy:
     @classmethod
     def from_run(cls, run_dir: Path, device: torch.device, cfg: Config | None = None,
                  checkpoint: Path | None = None) -> VLAPolicy:
-        """Load ``run_dir``'s config, encoder and (latest) checkpoint weights.
+        """Load ``run_dir``'s config, encoder and (latest) checkpoint weights (a DCP folder written under any
+        plan, read whole in this process, or a legacy full-state folder).
 
         Raises:
             FileNotFoundError: the run has no complete checkpoint or misses a file.
+            CheckpointError: damaged checkpoint files (names the file).
         """
         run_dir = Path(run_dir)
         cfg = cfg or load_config(run_dir / "config.toml")
@@ -68,7 +70,7 @@ class VLAPolicy:
                                     f"{run_dir / 'checkpoints'}")
         encoder = assembly.load_encoder(cfg, run_dir)
         model = assembly.build_model(assembly.load_model_config(run_dir), device, cfg.run.seed)
-        model.load_state_dict(load_checkpoint(ckpt, device)[0])
+        model.load_state_dict(load_weights(ckpt, device))
         return cls(model, encoder, device, resolve_precision(cfg.memory.precision, device), cfg.eval.seed)
 
     @torch.no_grad()

@@ -1,4 +1,5 @@
-"""`lf launch CONFIG`: start a run on several processes or machines (torchrun, Slurm, Kubernetes).
+"""`lf launch CONFIG`: start a run on several processes or machines (torchrun, Slurm, Kubernetes: a Kubeflow
+PyTorchJob or a JobSet, ``--kind``).
 
 The config is validated here first (a bad config fails in well under a second, before any job
 starts). Every backend runs ``lf run CONFIG --run-dir DIR`` in each worker, with one run folder per
@@ -19,6 +20,7 @@ import typer
 from rich.console import Console
 
 from lf_orchestrator.config import ConfigError, load_config
+from lf_orchestrator.launch._jobset import jobset
 from lf_orchestrator.launch._k8s import K8sOptions, Volume, pytorchjob
 from lf_orchestrator.launch._slurm import SlurmOptions, sbatch_script, submit
 from lf_orchestrator.launch._spec import LaunchError, LaunchSpec, absolute, shell_join
@@ -33,6 +35,15 @@ class Backend(StrEnum):
     torchrun = "torchrun"
     slurm = "slurm"
     kubernetes = "kubernetes"
+
+
+class K8sKind(StrEnum):
+    """Which Kubernetes workload `lf launch --backend kubernetes` writes."""
+
+    pytorchjob = "pytorchjob"
+    """Kubeflow ``PyTorchJob`` (``kubeflow.org/v1``): needs the Kubeflow training operator."""
+    jobset = "jobset"
+    """``JobSet`` (``jobset.x-k8s.io/v1alpha2``): needs the JobSet controller."""
 
 
 def _fail(message: str) -> None:
@@ -73,6 +84,8 @@ def launch(
     time_limit: Annotated[str, typer.Option("--time", help="Slurm time limit (HH:MM:SS).")] = "",
     cpus_per_task: Annotated[int, typer.Option(help="Slurm CPUs per node task.")] = 0,
     requeue: Annotated[bool, typer.Option(help="Slurm: requeue on preemption (resumes the run).")] = False,
+    kind: Annotated[K8sKind, typer.Option(help="Kubernetes: the workload to write, a Kubeflow PyTorchJob or a "
+                                          "JobSet.")] = K8sKind.pytorchjob,
     image: Annotated[str, typer.Option(help="Kubernetes: container image with lf installed.")] = "",
     namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = "default",
     cpu: Annotated[str, typer.Option(help="Kubernetes: CPU per pod (quantity).")] = "",
@@ -93,6 +106,8 @@ def launch(
             out_dir, cfg_path = cfg.run.out_dir, str(config)  # paths as the pods see them
         else:
             out_dir, cfg_path = absolute(cfg.run.out_dir), absolute(config)
+        if kind is not K8sKind.pytorchjob and backend is not Backend.kubernetes:
+            raise LaunchError(f"--kind {kind.value}: only with --backend kubernetes (got --backend {backend.value})")
         if backend is Backend.torchrun and nodes > 1 and not run_id:
             raise LaunchError("--run-id: several torchrun nodes need the same --run-id on every node")
         spec = LaunchSpec(config=cfg_path, overrides=tuple(overrides or ()),
@@ -110,7 +125,7 @@ def launch(
                 raise LaunchError("--backend kubernetes: --image is required (an image with lf installed)")
             opts = K8sOptions(job_name=rid, image=image, namespace=namespace, cpu=cpu, memory=memory,
                               env=_env_pairs(env or []), volumes=tuple(Volume.parse(v) for v in volume or []))
-            _kubernetes(spec, opts, dry_run, output, apply)
+            _kubernetes(spec, opts, kind, dry_run, output, apply)
     except (ConfigError, LaunchError) as err:
         _fail(str(err))
 
@@ -137,8 +152,9 @@ def _slurm(spec: LaunchSpec, opts: SlurmOptions, dry_run: bool, output: Optional
     print(job)
 
 
-def _kubernetes(spec: LaunchSpec, opts: K8sOptions, dry_run: bool, output: Optional[Path], apply: bool) -> None:
-    manifest = pytorchjob(spec, opts)
+def _kubernetes(spec: LaunchSpec, opts: K8sOptions, kind: K8sKind, dry_run: bool, output: Optional[Path],
+                apply: bool) -> None:
+    manifest = jobset(spec, opts) if kind is K8sKind.jobset else pytorchjob(spec, opts)
     try:
         import yaml
 
@@ -148,7 +164,7 @@ def _kubernetes(spec: LaunchSpec, opts: K8sOptions, dry_run: bool, output: Optio
     if dry_run:
         print(text, end="")
         return
-    path = output or Path(f"{opts.job_name}.pytorchjob.yaml")
+    path = output or Path(f"{opts.job_name}.{kind.value}.yaml")
     path.write_text(text)
     console.print(f"wrote {path}")
     if apply:

@@ -12,6 +12,17 @@ units: action tokens for ``vla``, action values for ``vla_flow``) and
 carries ``sample_seed`` (n,) from (run seed, step, dataset index), so a recipe
 that draws noise (flow matching) draws the same for a sample however the step is
 split over micro-batches and processes, and a resumed run repeats it exactly.
+
+Checkpoints are the sharded DCP folders of the llm / vlm / video trainer
+(:class:`lf_orchestrator.families._state.FamilyCheckpointer`, state as in
+:mod:`lf_orchestrator.train_state`): every rank writes its shards of the model and
+optimizer, with the schedule, loss scaler, each dp rank's sampler position, each
+rank's RNG, the step and the plan; atomic, the newest ``train.keep_checkpoints``
+kept, in the background with ``train.async_checkpoint``. A run resumes bit for bit
+under its own plan and under another data-parallel size (DCP reshards; the data
+position is dealt anew). Folders of the earlier full-state layout resume too
+(under the world size that wrote them). Faults: as the recipe trainer
+(:mod:`lf_orchestrator.families._faults`).
 """
 
 from __future__ import annotations
@@ -31,11 +42,13 @@ from lf_memory import DynamicLossScaler, apply_recompute, resolve_precision
 from lf_memory._offload import offload_activations
 from lf_memory._planner import RecomputePlan, plan_recompute
 from lf_orchestrator import assembly
-from lf_orchestrator.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from lf_orchestrator.checkpoint import is_legacy, latest_checkpoint, load_checkpoint
 from lf_orchestrator.config import Config, ConfigError
-from lf_orchestrator.faults import RolledBack, SigtermFlag, apply_nonfinite_policy, nonfinite_reason
+from lf_orchestrator.families._faults import RunGuard, check_finite_weights, nonfinite_step
+from lf_orchestrator.families._state import FamilyCheckpointer
+from lf_orchestrator.faults import RolledBack, nonfinite_reason
 from lf_orchestrator.metrics import MetricsLogger, plot_loss_curve
-from lf_orchestrator.watchdog import Watchdog
+from lf_orchestrator.train_state import restore_training_state, save_training_state
 from lf_parallel import DistContext, Plan, apply_data_parallel, check_plan, choose_plan, global_sum
 
 StepCallback = Callable[[int, dict[str, float]], None]
@@ -142,16 +155,35 @@ class Trainer:
                                           every=cfg.memory.recompute_every, plan=self.recompute_plan)
         self.scaler = DynamicLossScaler(ctx.device.type, enabled=self.precision.needs_loss_scaling)
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg)
+        self.dp_rank = ctx.rank  # data parallel only: every rank is a dp rank
         self.sampler = ResumableSampler(len(self.dataset), batch_size=self.plan.micro_batch,
-                                        seed=cfg.run.seed, rank=ctx.rank,
-                                        world_size=ctx.world_size)
+                                        seed=cfg.run.seed, rank=self.dp_rank, world_size=self.plan.dp)
         self.step = 0
+        self.loss_module = TrainingLoss(self.model)
+        self.checkpointer = FamilyCheckpointer(self.run_dir, distributed=ctx.distributed,
+                                               keep=cfg.train.keep_checkpoints, async_save=cfg.train.async_checkpoint)
+        self.resharded: str | None = None
+        """Log line when the resumed checkpoint was written under another plan or world size."""
         if ckpt is not None:
             self._restore(ckpt)
-        self.ddp_model = apply_data_parallel(TrainingLoss(self.model), ctx)
+        self.ddp_model = apply_data_parallel(self.loss_module, ctx)
         self._indices = iter(self.sampler)
 
+    @property
+    def state_module(self) -> nn.Module:
+        """The module whose state is checkpointed (keys ``model.`` + the recipe model's names)."""
+        return self.loss_module
+
     def _restore(self, path: Path) -> None:
+        """Load checkpoint ``path`` (either layout) into the model, optimizer, schedule, scaler, sampler, RNG
+        and step (call on every rank; also the rollback of ``train.on_nonfinite``)."""
+        if is_legacy(path):
+            self._restore_legacy(path)
+        else:
+            self.resharded = restore_training_state(self, path)
+
+    def _restore_legacy(self, path: Path) -> None:
+        """A full-state folder of lf-orchestrator 0.3 (``model.safetensors`` + ``state.pt``): same world size."""
         model_state, state = load_checkpoint(path, self.ctx.device)
         self.model.load_state_dict(model_state)
         self.optimizer.load_state_dict(state["optimizer"])
@@ -162,16 +194,15 @@ class Trainer:
         torch.set_rng_state(state["rng_cpu"].cpu())
         self.step = int(state["step"])
 
-    def save(self) -> Path | None:
-        """Checkpoint the current step (rank 0 writes; data-parallel replicas are equal)."""
-        if not self.ctx.is_main:
-            return None
-        state = {"step": self.step, "optimizer": self.optimizer.state_dict(),
-                 "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
-                 "rng_cpu": torch.get_rng_state(), "plan": self.plan.describe(),
-                 "scaler": self.scaler.state_dict()}
-        return save_checkpoint(self.run_dir, self.step, self.model.state_dict(), state,
-                               keep=self.cfg.train.keep_checkpoints)
+    def save(self) -> Path:
+        """Checkpoint the current step (call on every rank: each writes its shards, DCP de-duplicates the
+        data-parallel replicas). With ``train.async_checkpoint`` the write goes on in the background (awaited by
+        the next save and at the end of :meth:`fit`). Returns the checkpoint folder.
+
+        Raises:
+            NonFiniteError: a parameter holds NaN/inf (nothing is written)."""
+        check_finite_weights(self.state_module, self.ctx, self.step, self.run_dir)
+        return save_training_state(self)
 
     def _micro_batch(self) -> dict[str, torch.Tensor]:
         idx = [next(self._indices) for _ in range(self.plan.micro_batch)]
@@ -202,7 +233,9 @@ class Trainer:
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else 1e30)
         bad = nonfinite_reason(global_sum(loss_sum, self.ctx), grad_norm, check_grad=not self.scaler.enabled)
         if bad is not None:
-            return apply_nonfinite_policy(self, bad, float(grad_norm))
+            out = nonfinite_step(self, bad, float(grad_norm))
+            out.pop("train/target_units", None)  # the recipe trainer's name; this one logs target tokens
+            return out
         self.scaler.step(self.optimizer)  # skipped when fp16 gradients hold inf/NaN
         skipped = self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -220,52 +253,58 @@ class Trainer:
                    if self.scaler.enabled else {})}
 
     def fit(self, on_step: StepCallback | None = None) -> dict[str, Any]:
-        """Train until ``train.steps``, logging and checkpointing; returns a summary."""
+        """Train until ``train.steps``, logging and checkpointing; returns a summary.
+
+        SIGTERM / SIGINT: the step is checkpointed and the summary says ``preempted`` (``signal``, ``exit_code``:
+        143 / 130). The last checkpoint is committed when this returns (also after an asynchronous save).
+
+        Raises:
+            NonFiniteError: ``train.on_nonfinite = "stop"`` on a NaN/inf step (before its update), rollback gave
+                up, or the weights to checkpoint hold NaN/inf.
+        """
         t = self.cfg.train
         logger = MetricsLogger(self.run_dir, start_step=self.step, enabled=self.ctx.is_main)
         start_step, t0 = self.step, time.perf_counter()
         last: dict[str, float] = {}
         window_tokens, window_t = 0.0, time.perf_counter()
-        sigterm, preempted = SigtermFlag(), False
-        sigterm.install()
-        watchdog = (Watchdog(t.hang_timeout_s, self.run_dir / f"hang-rank{self.ctx.rank}.txt",
-                             abort=t.on_hang == "abort", describe=lambda: f"last finished step {self.step}").start()
-                    if t.hang_timeout_s > 0 else None)
-        if t.on_nonfinite == "rollback" and latest_checkpoint(self.run_dir) is None:
-            self.save()  # something to roll back to
+        guard = RunGuard(hang_timeout_s=t.hang_timeout_s, on_hang=t.on_hang, ctx=self.ctx, run_dir=self.run_dir,
+                         describe=lambda: f"last finished step {self.step}")
+        preempted = False
         try:
-            while self.step < t.steps:
-                try:
-                    last = self.train_step()
-                except RolledBack:  # continue from the checkpoint's step; its logs restart there
-                    logger.close()
-                    logger = MetricsLogger(self.run_dir, start_step=self.step, enabled=self.ctx.is_main)
-                    continue
-                window_tokens += t.global_batch * self.model.cfg.seq_len
-                if self.step % t.log_every == 0 or self.step == t.steps:
-                    now = time.perf_counter()
-                    last["perf/tokens_per_s"] = window_tokens / max(now - window_t, 1e-9)
-                    window_tokens, window_t = 0.0, now
-                    logger.log(self.step, last)
-                if on_step is not None:
-                    on_step(self.step, last)
-                if self.step % t.ckpt_every == 0 or self.step == t.steps:
-                    self.save()
-                    if self.ctx.is_main:
-                        plot_loss_curve(self.run_dir, "action-token cross-entropy" if self.cfg.model.recipe == "vla"
-                                        else "flow-matching loss (normalized actions)")
-                if watchdog is not None:
-                    watchdog.beat()
-                if sigterm.agreed(self.ctx):  # preemption: checkpoint this step, then stop
-                    if self.step % t.ckpt_every and self.step != t.steps:
+            with guard:
+                if t.on_nonfinite == "rollback" and latest_checkpoint(self.run_dir) is None:
+                    self.save()  # something to roll back to
+                while self.step < t.steps:
+                    try:
+                        last = self.train_step()
+                    except RolledBack:  # continue from the checkpoint's step; its logs restart there
+                        logger.close()
+                        logger = MetricsLogger(self.run_dir, start_step=self.step, enabled=self.ctx.is_main)
+                        continue
+                    window_tokens += t.global_batch * self.model.cfg.seq_len
+                    if self.step % t.log_every == 0 or self.step == t.steps:
+                        now = time.perf_counter()
+                        last["perf/tokens_per_s"] = window_tokens / max(now - window_t, 1e-9)
+                        window_tokens, window_t = 0.0, now
+                        logger.log(self.step, last)
+                    if on_step is not None:
+                        on_step(self.step, last)
+                    saved = self.step % t.ckpt_every == 0 or self.step == t.steps
+                    if saved:
                         self.save()
-                    preempted = True
-                    break
+                        if self.ctx.is_main:
+                            plot_loss_curve(self.run_dir, "action-token cross-entropy"
+                                            if self.cfg.model.recipe == "vla"
+                                            else "flow-matching loss (normalized actions)")
+                    if guard.step_done():  # SIGTERM / SIGINT on some rank: checkpoint this step, then stop
+                        if not saved:
+                            self.save()
+                        preempted = True
+                        break
+            self.checkpointer.close()
         finally:
-            sigterm.uninstall()
-            if watchdog is not None:
-                watchdog.stop()
+            self.checkpointer.wait()  # a failed step still leaves the save in flight committed
             logger.close()
         return {"steps": self.step, "resumed_from": start_step,
                 "seconds": time.perf_counter() - t0, "final": last, "preempted": preempted,
-                **({"signal": sigterm.name, "exit_code": sigterm.exit_code} if preempted else {})}
+                **({"signal": guard.signal.name, "exit_code": guard.signal.exit_code} if preempted else {})}

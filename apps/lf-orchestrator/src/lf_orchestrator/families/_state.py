@@ -16,6 +16,11 @@ previous checkpoint complete and ``latest``; a folder without its marker is neve
 Model keys are the trainer's ``LossModule`` names (``model.`` + the recipe model's
 names); the optimizer state is flattened per parameter name, so a checkpoint loads
 under any plan and world size: DCP reads the slices each rank's new shards need.
+Under pipeline parallel each rank saves and loads its stages (one, or several with an
+interleaved schedule) through one ``StageView``
+(:mod:`lf_orchestrator.families._pipeline_step`) holding the same keys for the layers it
+owns, so pp and non-pp checkpoints load into each other and :func:`load_model_weights`
+reads the whole model from either.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint import CheckpointException
 
 from lf_orchestrator.checkpoint import damaged, write_text_atomic
 from lf_parallel import (
@@ -189,7 +195,7 @@ class FamilyCheckpointer:
                                     f"another trainer?)")
         try:
             load_checkpoint(path, module, optimizer)
-        except Exception as err:  # DCP raises CheckpointException / RuntimeError on torn or garbled shards
+        except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
             raise damaged(path, "the DCP shards", err) from None
         try:
             train_state = torch.load(state_file, map_location="cpu", weights_only=True)

@@ -47,7 +47,7 @@ class K8sOptions(msgspec.Struct, frozen=True, kw_only=True):
     """Pod settings of the manifest."""
 
     job_name: str
-    """PyTorchJob name (DNS-1123 label); also the run folder's suffix."""
+    """PyTorchJob / JobSet name (DNS-1123 label); also the run folder's suffix."""
     image: str
     """Container image with lf installed."""
     namespace: str = "default"
@@ -64,15 +64,18 @@ class K8sOptions(msgspec.Struct, frozen=True, kw_only=True):
     """Size of the in-memory ``/dev/shm`` (data loader workers and NCCL need more than the default)."""
 
 
-def pytorchjob(spec: LaunchSpec, opts: K8sOptions) -> dict[str, Any]:
-    """The PyTorchJob manifest as a dict (``json.dumps`` / ``yaml.safe_dump`` it).
-
-    Raises:
-        LaunchError: a job name that is not a DNS-1123 label.
-    """
-    if not _DNS1123.match(opts.job_name) or len(opts.job_name) > 63:
-        raise LaunchError(f"--job-name {opts.job_name!r}: expected a DNS-1123 label "
+def check_job_name(name: str) -> None:
+    """Raise :class:`LaunchError` unless ``name`` is a DNS-1123 label (a job, JobSet or service name)."""
+    if not _DNS1123.match(name) or len(name) > 63:
+        raise LaunchError(f"--job-name {name!r}: expected a DNS-1123 label "
                           f"(lower-case letters, digits, '-', at most 63 characters)")
+
+
+def pod_template(spec: LaunchSpec, opts: K8sOptions, *, command: list[str], args: list[str],
+                 restart_policy: str | None = None) -> dict[str, Any]:
+    """The core/v1 PodTemplateSpec every worker pod runs: one ``pytorch`` container running
+    ``COMMAND ARGS`` with the GPUs (``nvidia.com/gpu`` = ``procs_per_node`` unless
+    ``device = cpu``), CPU / memory, environment, claims and in-memory ``/dev/shm`` of ``opts``."""
     gpus = spec.device != "cpu"
     resources: dict[str, dict[str, Any]] = {"limits": {}, "requests": {}}
     if gpus:
@@ -89,13 +92,25 @@ def pytorchjob(spec: LaunchSpec, opts: K8sOptions) -> dict[str, Any]:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": opts.shm}})
     env = [{"name": "OMP_NUM_THREADS", "value": "1"}, {"name": "PYTHONUNBUFFERED", "value": "1"},
            *({"name": k, "value": v} for k, v in opts.env)]
-    container = {"name": "pytorch", "image": opts.image,
-                 "command": ["python", "-m", "torch.distributed.run", "-m", "lf_orchestrator"],
-                 "args": worker_args(spec), "env": env, "resources": resources, "volumeMounts": mounts}
+    container = {"name": "pytorch", "image": opts.image, "command": command, "args": args, "env": env,
+                 "resources": resources, "volumeMounts": mounts}
+    pod: dict[str, Any] = {"containers": [container], "volumes": volumes}
+    if restart_policy is not None:
+        pod["restartPolicy"] = restart_policy
+    return {"metadata": {"labels": {"app.kubernetes.io/name": "lf", "lf/job": opts.job_name}}, "spec": pod}
+
+
+def pytorchjob(spec: LaunchSpec, opts: K8sOptions) -> dict[str, Any]:
+    """The PyTorchJob manifest as a dict (``json.dumps`` / ``yaml.safe_dump`` it).
+
+    Raises:
+        LaunchError: a job name that is not a DNS-1123 label.
+    """
+    check_job_name(opts.job_name)
+    # The operator sets torchrun's PET_* variables (nodes, rendezvous endpoint, restarts) in every pod.
     replica = {"replicas": spec.nodes, "restartPolicy": "OnFailure",
-               "template": {"metadata": {"labels": {"app.kubernetes.io/name": "lf",
-                                                    "lf/job": opts.job_name}},
-                            "spec": {"containers": [container], "volumes": volumes}}}
+               "template": pod_template(spec, opts, args=worker_args(spec),
+                                           command=["python", "-m", "torch.distributed.run", "-m", "lf_orchestrator"])}
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
             "metadata": {"name": opts.job_name, "namespace": opts.namespace},
             "spec": {"elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": spec.nodes,
