@@ -128,14 +128,21 @@ class PipelineStageModule(nn.Module):
         return out if self.is_last or not side else (out, *side)
 
 
-def build_stage_module(graph: Graph, spec: StageSpec, mask: MaskSpec, side: tuple[str, ...] = ()
-                       ) -> PipelineStageModule:
+def build_stage_module(graph: Graph, spec: StageSpec, mask: MaskSpec, side: tuple[str, ...] = (), *,
+                       model: nn.Module | None = None) -> nn.Module:
     """Build one stage on the current default device (use ``torch.device("meta")``, then ``materialize``).
+
+    ``model``: the whole recipe model of a multi-component graph (built on the same device); the stage is
+    then a :class:`lf_parallel._pipeline_mm.MultimodalStageModule` running the recipe's pipeline glue.
 
     Raises:
         ValueError: the stage holds a head tied to an embedding on another stage.
-        NotImplementedError: the stage would run encoder components (multimodal stage 0).
+        NotImplementedError: the stage would run encoder components and no ``model`` is given.
     """
+    if model is not None:
+        from lf_parallel._pipeline_mm import MultimodalStageModule
+
+        return MultimodalStageModule(model, spec)
     return PipelineStageModule(graph, spec, mask, side)
 
 

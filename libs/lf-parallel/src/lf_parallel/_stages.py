@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from lf_ir import Graph, TransformerBlock, node_backward_flops, node_forward_flops
+from lf_ir import Graph, node_backward_flops, node_forward_flops
 
 __all__ = ["StageSpec", "balanced_partition", "split_stages", "stage_ranks", "trunk_component"]
 
@@ -135,7 +135,8 @@ def split_stages(graph: Graph, pp: int, *, virtual_stages: int = 1, batch: int =
     trunk = graph.component(name)
     encoders = tuple(c.name for c in graph.components if c.name != name)
     num_stages = pp * virtual_stages
-    block_idx = [i for i, n in enumerate(trunk.nodes) if isinstance(n, TransformerBlock)]
+    block_names = {n.name for n in trunk.blocks()}  # transformer blocks and every ``is_block`` node (DiT, MM)
+    block_idx = [i for i, n in enumerate(trunk.nodes) if n.name in block_names]
     if num_stages > len(block_idx):
         raise ValueError(f"graph {graph.name!r}: pp={pp} x virtual_stages={virtual_stages} = {num_stages} "
                          f"stages but component {name!r} has only {len(block_idx)} transformer blocks")

@@ -32,6 +32,7 @@ from lf_ir._mrope_torch import mrope_cos_sin, vision_rope_cos_sin
 from lf_ir._nodes import MLP, Embedding, LMHead, Norm
 from lf_ir._nodes_mm import MMAttention, MMBlock
 from lf_ir._nodes_vision import FeedForward, PatchEmbed3D, PatchMerger
+from lf_ir._pipeline_glue import blocks_between
 from lf_kernels import MaskSpec
 
 
@@ -225,6 +226,25 @@ class Qwen2VLModel(nn.Module):
         Raises:
             ValueError: ``ids_bs`` not 2-D, or placeholder counts differ from the merged tokens.
         """
+        x_bsd, *side = self.embed_inputs(ids_bs, pixel_values, image_grid_thw, attention_mask, position_ids,
+                                         pixel_values_videos, video_grid_thw)
+        return self.trunk_head(self.trunk_blocks(x_bsd, *side), *side)
+
+    def embed_inputs(self, ids_bs: torch.Tensor, pixel_values: torch.Tensor | None = None,
+                     image_grid_thw: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                     position_ids: torch.Tensor | None = None, pixel_values_videos: torch.Tensor | None = None,
+                     video_grid_thw: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Pipeline glue (:mod:`lf_ir._pipeline_glue`): the decoder's input and its side tensors.
+
+        Takes :meth:`forward`'s inputs; returns ``(x_bsd, position_ids_b3s, key_padding_bs)``: the token
+        embeddings with the merged image tokens (batch, seq, dim), the M-RoPE ids (batch, 3, seq) int64
+        (batch first for transport) and the key padding (batch, seq) bool, True = real token. A pipeline
+        cuts the inputs along dim 0 into micro-batches: the patch rows then stay with their samples only
+        when every sample has the same number of patches.
+
+        Raises:
+            ValueError: as :meth:`forward`.
+        """
         if ids_bs.dim() != 2:
             raise ValueError(f"input_ids: expected (batch, seq), got shape {tuple(ids_bs.shape)}")
         text, cfg = self.components["text"], self.cfg
@@ -242,10 +262,20 @@ class Qwen2VLModel(nn.Module):
             position_ids = mrope_position_ids(ids_bs, image_grid_thw, image_token_id=cfg.image_token_id,
                                               spatial_merge_size=cfg.spatial_merge_size, attention_mask=attention_mask,
                                               video_grid_thw=video_grid_thw, video_token_id=cfg.video_token_id)
-        cos_sin = mrope_cos_sin(self._mrope, cfg.head_dim, position_ids, x_bsd.dtype)
-        key_padding = None
-        if attention_mask is not None and not bool(attention_mask.bool().all()):
-            key_padding = attention_mask.bool()
-        for block in text.layers[1:-2]:
+        padding_bs = (torch.ones_like(ids_bs, dtype=torch.bool) if attention_mask is None
+                      else attention_mask.bool().to(ids_bs.device))
+        return x_bsd, position_ids.transpose(0, 1), padding_bs
+
+    def trunk_blocks(self, x_bsd: torch.Tensor, position_ids_b3s: torch.Tensor, key_padding_bs: torch.Tensor, *,
+                     start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Pipeline glue: the decoder blocks among ``text`` nodes ``[start, stop)``; (batch, seq, dim) in and out."""
+        cos_sin = mrope_cos_sin(self._mrope, self.cfg.head_dim, position_ids_b3s.transpose(0, 1), x_bsd.dtype)
+        key_padding = None if bool(key_padding_bs.all()) else key_padding_bs
+        for block in blocks_between(self.components["text"], start, stop):
             x_bsd = block(x_bsd, self.mask, key_padding, cos_sin=cos_sin)
+        return x_bsd
+
+    def trunk_head(self, x_bsd: torch.Tensor, *side: torch.Tensor) -> torch.Tensor:
+        """Pipeline glue: final norm and head, logits (batch, seq, vocab)."""
+        text = self.components["text"]
         return text.layers[-1](text.layers[-2](x_bsd))

@@ -35,6 +35,7 @@ from lf_ir._nodes import (
     PatchEmbed2D,
     TransformerBlock,
 )
+from lf_ir._pipeline_glue import block_span, blocks_between
 from lf_kernels import MaskSpec
 
 
@@ -192,22 +193,51 @@ class VLAModel(nn.Module):
 
         Position j predicts action token j given the prefix and action tokens < j.
         """
+        x, pad = self._backbone_in(prefix, padding, action_in_ids)
+        return self.trunk_head(self.trunk_blocks(x, pad), pad)
+
+    def _backbone_in(self, prefix: torch.Tensor, padding: torch.Tensor,
+                     action_in_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         backbone = self.components["backbone"]
         x = torch.cat([prefix, self.components["tokens"](action_in_ids)], dim=1)
         pad = torch.cat([padding, torch.ones_like(action_in_ids, dtype=torch.bool)], dim=1)
-        x = backbone(x, mask=self.mask, key_padding=pad)
-        return x[:, self.cfg.prefix_len - 1:]
+        return backbone(x, stop=block_span(backbone)[0]), pad
+
+    def embed_inputs(self, image, instruction_ids, instruction_mask, state,
+                     action_in_ids) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pipeline glue (:mod:`lf_ir._pipeline_glue`): :meth:`forward`'s inputs -> ``(x_bsd, key_padding_bs)``.
+
+        ``x_bsd`` (batch, seq, dim): prefix and action-token embeddings with positions added;
+        ``key_padding_bs`` (batch, seq) bool, True = real token.
+
+        Raises:
+            ValueError: as :meth:`forward`.
+        """
+        n_in = self.cfg.num_action_tokens - 1
+        if action_in_ids.shape[1] != n_in:
+            raise ValueError(f"action_in_ids: expected {n_in} tokens, got {action_in_ids.shape[1]}")
+        prefix, padding = self.encode_prefix(image, instruction_ids, instruction_mask, state)
+        return self._backbone_in(prefix, padding, action_in_ids)
+
+    def trunk_blocks(self, x_bsd: torch.Tensor, key_padding_bs: torch.Tensor, *, start: int = 0,
+                     stop: int | None = None) -> torch.Tensor:
+        """Pipeline glue: the backbone blocks among its nodes ``[start, stop)``; (batch, seq, dim) in and out."""
+        for block in blocks_between(self.components["backbone"], start, stop):
+            x_bsd = block(x_bsd, self.mask, key_padding_bs)
+        return x_bsd
+
+    def trunk_head(self, x_bsd: torch.Tensor, *side: torch.Tensor) -> torch.Tensor:
+        """Pipeline glue: final norm and head at the action positions, logits (batch, n_actions, vocab)."""
+        backbone = self.components["backbone"]
+        return backbone(x_bsd, start=block_span(backbone)[1])[:, self.cfg.prefix_len - 1:]
 
     def forward(self, image, instruction_ids, instruction_mask, state, action_in_ids):
         """Teacher-forced logits (batch, num_action_tokens, vocab); see encode_prefix for inputs.
 
         action_in_ids int64 (batch, num_action_tokens - 1): the action tokens shifted right.
         """
-        n_in = self.cfg.num_action_tokens - 1
-        if action_in_ids.shape[1] != n_in:
-            raise ValueError(f"action_in_ids: expected {n_in} tokens, got {action_in_ids.shape[1]}")
-        prefix, padding = self.encode_prefix(image, instruction_ids, instruction_mask, state)
-        return self.decode(prefix, padding, action_in_ids)
+        x_bsd, padding = self.embed_inputs(image, instruction_ids, instruction_mask, state, action_in_ids)
+        return self.trunk_head(self.trunk_blocks(x_bsd, padding), padding)
 
     def loss_normalizer(self, batch) -> torch.Tensor:
         """Target action tokens in ``batch`` (labels other than -100): what the loss sum is divided by."""

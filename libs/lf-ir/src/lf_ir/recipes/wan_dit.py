@@ -41,6 +41,7 @@ from lf_ir._nodes_video import (
     VideoPatchEmbed,
 )
 from lf_ir._nodes_vision import FeedForward
+from lf_ir._pipeline_glue import blocks_between
 from lf_ir._rope3d_torch import rope3d_cos_sin
 from lf_ir.flow import FlowMatchingLoss, interpolate, timesteps_from_sigmas
 
@@ -230,17 +231,45 @@ class WanDiTModel(nn.Module):
         Raises:
             ValueError: shapes that do not fit the config, naming the argument.
         """
+        x_bsd, *side = self.embed_inputs(latents_bcfhw, t_b, text_bld)
+        return self.trunk_head(self.trunk_blocks(x_bsd, *side), *side)
+
+    def embed_inputs(self, latents_bcfhw: torch.Tensor, t_b: torch.Tensor, text_bld: torch.Tensor
+                     ) -> tuple[torch.Tensor, ...]:
+        """Pipeline glue (:mod:`lf_ir._pipeline_glue`): :meth:`forward`'s inputs -> the blocks' input and sides.
+
+        Returns ``(x_bsd, context_btd, emb_bcd, temb_bd, cos_bfhwk, sin_bfhwk)``: patch tokens (batch,
+        f*h*w, dim); the projected text (batch, text tokens, dim); the time modulation (batch, 6, dim) and
+        time embedding (batch, dim); the 3D RoPE tables (batch, f, h, w, head_dim) float32, whose shape
+        carries the token grid to :meth:`trunk_head`.
+
+        Raises:
+            ValueError: as :meth:`forward`.
+        """
         grid = self._check(latents_bcfhw, t_b, text_bld)
         video, cfg = self.components["video"], self.cfg
-        rope = rope3d_cos_sin(cfg.rope(), cfg.head_dim, grid, latents_bcfhw.device)
+        cos, sin = rope3d_cos_sin(cfg.rope(), cfg.head_dim, grid, latents_bcfhw.device)
+        b = latents_bcfhw.shape[0]
         x_bsd = video["patch_embed"](latents_bcfhw)
         temb_bd, emb_bcd = video["time_embed"](t_b)
-        temb_bd = temb_bd.type_as(text_bld)
         context = self.components["text"]["text_proj"](text_bld)
-        for block in self.blocks:
+        return (x_bsd, context, emb_bcd, temb_bd.type_as(text_bld), cos.view(1, *grid, -1).expand(b, -1, -1, -1, -1),
+                sin.view(1, *grid, -1).expand(b, -1, -1, -1, -1))
+
+    def trunk_blocks(self, x_bsd: torch.Tensor, context: torch.Tensor, emb_bcd: torch.Tensor, temb_bd: torch.Tensor,
+                     cos_bfhwk: torch.Tensor, sin_bfhwk: torch.Tensor, *, start: int = 0,
+                     stop: int | None = None) -> torch.Tensor:
+        """Pipeline glue: the DiT blocks among ``video`` nodes ``[start, stop)``; (batch, tokens, dim) in and out."""
+        rope = (cos_bfhwk.flatten(1, 3).unsqueeze(2), sin_bfhwk.flatten(1, 3).unsqueeze(2))
+        for block in blocks_between(self.components["video"], start, stop):
             x_bsd = block(x_bsd, context, emb_bcd, rope)
-        out = video["head"](x_bsd, temb_bd)
-        return self.unpatchify(out, grid)
+        return x_bsd
+
+    def trunk_head(self, x_bsd: torch.Tensor, context: torch.Tensor, emb_bcd: torch.Tensor, temb_bd: torch.Tensor,
+                   cos_bfhwk: torch.Tensor, *side: torch.Tensor) -> torch.Tensor:
+        """Pipeline glue: the modulated head and unpatchify, velocity (batch, out_channels, frames, height, width)."""
+        out = self.components["video"]["head"](x_bsd, temb_bd)
+        return self.unpatchify(out, tuple(cos_bfhwk.shape[1:4]))
 
     def unpatchify(self, tokens_bsk: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         """(batch, f*h*w, out_channels*pt*ph*pw) -> (batch, out_channels, f*pt, h*ph, w*pw)."""
