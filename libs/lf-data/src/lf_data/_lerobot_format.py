@@ -71,6 +71,20 @@ def hf_features_metadata(features: dict[str, dict]) -> bytes:
     return json.dumps({"info": {"features": out}}).encode()
 
 
+def task_column(table: pa.Table) -> str | None:
+    """Name of the task-string column of a ``meta/tasks.parquet`` table, ``None`` when it has none.
+
+    lerobot writes the tasks frame with the strings as its pandas index: named ``task`` (the v2.1 to v3.0
+    conversion script, and this writer) or unnamed, stored as ``__index_level_0__`` (``LeRobotDataset``'s
+    recording path, ``save_episode_tasks`` in lerobot 0.4).
+    """
+    if "task" in table.column_names:
+        return "task"
+    pandas_meta = json.loads((table.schema.metadata or {}).get(b"pandas", b"{}"))
+    index = [c for c in pandas_meta.get("index_columns", []) if isinstance(c, str) and c in table.column_names]
+    return index[0] if len(index) == 1 else None
+
+
 def tasks_table(tasks: list[str]) -> pa.Table:
     """``meta/tasks.parquet`` as pandas writes LeRobot's frame: column ``task_index``, index ``task``."""
     pandas_meta = {

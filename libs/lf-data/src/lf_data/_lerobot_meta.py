@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ._errors import DataError, is_lfs_pointer
+from ._lerobot_format import task_column
 
 __all__ = ["EpisodeMeta", "LeRobotMeta", "detect_format", "load_lerobot_meta"]
 
@@ -100,11 +101,15 @@ def _jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def _parquet(path: Path) -> dict:
+def _table(path: Path) -> pa.Table:
     try:
-        return pq.read_table(_checked(path)).to_pydict()
+        return pq.read_table(_checked(path))
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"{path}: cannot read parquet ({e})", file=path, reason="invalid") from e
+
+
+def _parquet(path: Path) -> dict:
+    return _table(path).to_pydict()
 
 
 def detect_format(path: str | Path) -> str:
@@ -154,8 +159,12 @@ def _load_v21(root: Path, info: dict) -> tuple[list[str], list[EpisodeMeta]]:
 
 
 def _load_v30(root: Path, info: dict, fps: int) -> tuple[list[str], list[EpisodeMeta]]:
-    tt = _parquet(root / "meta/tasks.parquet")
-    by_index = dict(zip(tt["task_index"], tt["task"], strict=True))
+    table = _table(root / "meta/tasks.parquet")
+    column = task_column(table)
+    if column is None or "task_index" not in table.column_names:
+        raise DataError(f"{root / 'meta/tasks.parquet'}: no task_index and task (or pandas index) columns, has "
+                        f"{table.column_names}", file=root / "meta/tasks.parquet", field="task", reason="invalid")
+    by_index = dict(zip(table["task_index"].to_pylist(), table[column].to_pylist(), strict=True))
     tasks = [by_index.get(i, "") for i in range(max(by_index, default=-1) + 1)]
     ep_files = sorted((root / "meta/episodes").glob("*/*.parquet"))
     if not ep_files:

@@ -122,8 +122,12 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self.fps: int = int(self.info["fps"])
         self.stats: dict = _load_json(self.root / fmt.STATS_PATH)
         tasks_path = self.root / fmt.TASKS_PATH
-        tt = _read_parquet(tasks_path, ["task_index", "task"]).to_pydict()
-        by_index = dict(zip(tt["task_index"], tt["task"], strict=True))
+        task_table = _read_parquet(tasks_path)
+        column = fmt.task_column(task_table)
+        if column is None or "task_index" not in task_table.column_names:
+            raise ValueError(f"{tasks_path}: missing columns task_index and task (or a pandas index of task "
+                             f"strings), has {task_table.column_names}")
+        by_index = dict(zip(task_table["task_index"].to_pylist(), task_table[column].to_pylist(), strict=True))
         if sorted(by_index) != list(range(len(by_index))):
             raise ValueError(f"{tasks_path}: task_index values are not 0..{len(by_index) - 1}")
         self.tasks: list[str] = [by_index[i] for i in range(len(by_index))]
