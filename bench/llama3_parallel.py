@@ -7,6 +7,8 @@ the peer), on synthetic tokens (one fixed random batch, the same every step, so 
 - ``zero=3,dp=2``: FSDP2 (ZeRO-3), ``MixedPrecisionPolicy`` param bf16 / reduce fp32;
 - ``tp=2,sp=1``: tensor + sequence parallel; dp = 1, so no ZeRO wrapper (``check_plan`` only forbids
   ZeRO-0/1 when tp > 1 *and* dp > 1); bf16 autocast over fp32 parameters, vocab-parallel loss;
+- ``--compile``: the same FSDP / TP plans with each transformer block ``torch.compile``d (after
+  recomputation is applied, before ZeRO wraps the model);
 - ``pp=2,schedule=1f1b``: two FLOP-balanced stages, ``--microbatches`` (4) micro-batches of 1 sample per
   step, bf16 autocast over fp32 parameters.
 
@@ -90,6 +92,10 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=None, help="AdamW lr (default 1e-4; 1e-3 with --dry)")
     p.add_argument("--peer-ac", default="1,0", help="peer variants: comma list of full-AC flags ('' = no peer)")
     p.add_argument("--peer-compile", action="store_true", help="torch.compile the peer's blocks (as its option)")
+    p.add_argument("--fp8", choices=("tensorwise", "rowwise"), default=None,
+                   help="torchao float8 linears (lf-memory apply_fp8; LM head and small GEMMs stay bf16) in FSDP plans")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each lf transformer block (after recompute, before ZeRO) in FSDP / TP plans")
     p.add_argument("--peer", type=Path, default=None, help="path of plain_fsdp2_llama.py")
     p.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout (a hang ends the job)")
     args = p.parse_args(argv)
@@ -156,8 +162,18 @@ def _spmd(plan, args, cfg, device, ids):
     with torch.device("meta"):
         model = Llama3Model(cfg, graph)
     model = materialize(model, device, seed=0)
+    if args.fp8:
+        from lf_memory._fp8 import apply_fp8, fp8_filter
+
+        apply_fp8(model, args.fp8, module_filter=fp8_filter(min_features=1024, tokens=plan.micro_batch * args.seq))
     mesh = build_mesh(plan, device.type)
-    model = parallelize(model, mesh, plan, recompute=lambda m: apply_recompute(m.blocks, mode))
+    def recompute_then_compile(m):
+        apply_recompute(m.blocks, mode)
+        if args.compile:  # per block, as torchtitan does: FSDP2's hooks stay outside the compiled regions
+            for block in m.blocks:
+                block.compile()
+
+    model = parallelize(model, mesh, plan, recompute=recompute_then_compile)
     opt = build_optimizer(model, mesh, plan, lr=args.lr, fused=True)  # one fused group per tensor kind
     dp_rank = mesh["dp_shard"].get_local_rank() if plan.zero_stage >= 2 else 0
     local = ids[dp_rank * plan.micro_batch:(dp_rank + 1) * plan.micro_batch]
@@ -351,7 +367,10 @@ def run(args: argparse.Namespace) -> None:
         fn = _pipeline if plan.pp > 1 else _spmd
         out = _run_variant(text, lambda: fn(plan, args, cfg, device, ids), args, device,  # noqa: B023
                            ids.numel(), flops_tok)
-        result["plans"][text] = {"plan": plan.describe(), **out}
+        key = text + (" compiled blocks" if args.compile and plan.pp == 1 else "") + \
+            (f" fp8 {args.fp8}" if args.fp8 and plan.pp == 1 else "")
+        result["plans"][key] = {"plan": plan.describe(), "compiled_blocks": args.compile and plan.pp == 1,
+                                "fp8": args.fp8 if plan.pp == 1 else None, **out}
         write()
     ids = synthetic_batch(cfg.vocab_size, world, args.seq, device)
     for flag in filter(None, args.peer_ac.split(",")):

@@ -41,6 +41,7 @@ import time
 import traceback
 from pathlib import Path
 
+import msgspec
 import torch
 
 from lf_ir import Llama3Model, llama3_config, materialize, next_token_loss
@@ -143,7 +144,7 @@ def _predictions(graph, cluster) -> dict:
     auto = plan_recompute(graph, budget, 1, None, 2)
     share = auto.recompute_flops / full.recompute_flops if full.recompute_flops else 0.0
     n = est["none"]
-    auto_peak = n.total - n.activations + auto.saved_bytes + est["full"].temporaries - n.temporaries
+    auto_peak = msgspec.structs.replace(n, activations=auto.saved_bytes, temporaries=est["full"].temporaries).total
     return {
         "memory_gib": {**{m: e.total / GIB for m, e in est.items()}, "auto": auto_peak / GIB},
         "memory_breakdown_gib": {m: {k: v / GIB for k, v in e.breakdown().items()} for m, e in est.items()},

@@ -154,6 +154,24 @@ def _memory_check(d: dict) -> list[str]:
     return lines
 
 
+def _lerobot_stream(d: dict) -> list[str]:
+    ds = d["dataset"]
+    rows = []
+    for name, r in d["runs"].items():
+        if "error" in r:
+            rows.append([name, "-", "-", "-", "-", "-", f"error: {' '.join(r['error'])[:80]}"])
+            continue
+        rows.append([name, f"{r['samples']:,}", f"{r['samples_per_s']:,.0f}", f"{r['samples_per_s_per_core']:,.0f}",
+                     f"{r['peak_rss_anon_mib']:,.0f}", f"{r['init_s']:.1f}", "whole dataset" if r["whole_dataset"]
+                     else f"{r['seconds']:.0f} s"])
+    ratios = ", ".join(f"{k}: {v:.2f}x" for k, v in d.get("lf_over_lerobot_per_core", {}).items()) or "n/a"
+    head = [f"LeRobot v3.0, {ds['bytes'] / 1e9:.2f} GB of parquet ({ds['frames']:,} frames, {ds['image']}x"
+            f"{ds['image']} PNG, action chunk {ds['horizon']}), read in order; first samples equal across readers: "
+            f"{d['values_match']}. lf / lerobot samples/s per core: {ratios}.", ""]
+    return head + _table(["reader", "samples", "samples/s", "samples/s/core", "peak anon RSS MiB", "init s",
+                          "read"], rows)
+
+
 RENDERERS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "llama3_parallel": ("Llama-3-8B under lf-parallel plans vs a plain FSDP2 peer", _llama3_parallel),
     "attention": ("Attention dispatcher vs SDPA and FlexAttention", _attention),
@@ -162,6 +180,7 @@ RENDERERS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "autotune_check": ("Auto-tuner: predicted vs measured", _autotune),
     "published_check": ("Cost model vs Megatron-Core's published H100 throughput", _published),
     "fp8_llama": ("FP8 (torchao float8) vs bf16 training on Llama-3-8B's shape", _fp8_llama),
+    "lerobot_stream": ("LeRobot dataset streaming: lf-data vs lerobot's LeRobotDataset", _lerobot_stream),
     "memory_check": ("Recompute plans on one H200: memory and step time, predicted vs measured", _memory_check),
 }
 

@@ -30,6 +30,15 @@ What one rank holds at its peak (bytes), following ZeRO's accounting
   gathered parameters of two blocks (current and prefetched, ZeRO-3) and one block's
   unsharded gradient before its reduce-scatter.
 
+The peak (``total``) is the larger of two moments of the step, not the sum of every
+kind: gradients are freed between steps (``zero_grad(set_to_none=True)``), so at the end
+of the forward pass and the start of the backward pass a rank holds parameters,
+optimizer state, working copies, all activations, temporaries and only the gradients
+backward has written by then (``grads_in_flight``: the head's and the largest block's,
+or all of them when micro-batches accumulate into them); at the optimizer step it holds
+parameters, gradients and optimizer state while the activations are gone. Checked on one
+H200 (``bench/memory_check.py``).
+
 Not counted: the CUDA context, NCCL's own buffers and allocator fragmentation
 (compare against ``torch.cuda.max_memory_allocated``, not ``nvidia-smi``).
 Blocks other than transformer blocks (the DiT block, the joint block) use :mod:`lf_memory._estimate_rules`.
@@ -73,16 +82,30 @@ class MemoryEstimate(msgspec.Struct, frozen=True, kw_only=True):
     """Gradient buckets and gathered parameters of FSDP, bytes."""
     stage: int = 0
     """Pipeline stage these figures are for (the one with the highest total)."""
+    grads_in_flight: int | None = None
+    """Gradient bytes already written when the activations peak (start of backward); None: all of ``grads``."""
+
+    @property
+    def backward_peak(self) -> int:
+        """Bytes held at the start of the backward pass: everything but the gradients not yet written."""
+        grads = self.grads if self.grads_in_flight is None else self.grads_in_flight
+        return (self.params + grads + self.optimizer + self.compute_params + self.activations
+                + self.temporaries + self.comm_buffers)
+
+    @property
+    def optimizer_peak(self) -> int:
+        """Bytes held at the optimizer step: parameters, gradients, optimizer state and buffers."""
+        return self.params + self.grads + self.optimizer + self.comm_buffers
 
     @property
     def total(self) -> int:
-        """Peak bytes: the sum of every kind."""
-        return (self.params + self.grads + self.optimizer + self.compute_params + self.activations
-                + self.temporaries + self.comm_buffers)
+        """Peak bytes: the larger of :attr:`backward_peak` and :attr:`optimizer_peak`."""
+        return max(self.backward_peak, self.optimizer_peak)
 
     def breakdown(self) -> dict[str, int]:
         """Kind -> bytes, plus ``total``."""
-        return {**{k: getattr(self, k) for k in self.__struct_fields__ if k != "stage"}, "total": self.total}
+        skip = ("stage", "grads_in_flight")
+        return {**{k: getattr(self, k) for k in self.__struct_fields__ if k not in skip}, "total": self.total}
 
 
 def in_flight_micro_batches(schedule: str, pp: int, stage: int, micro_batches: int, virtual: int = 1) -> float:
@@ -191,7 +214,7 @@ def _stage_estimate(graph, plan, stage, batch, seq, precision, optimizer, recomp
     shards = _plan_value(plan, "dp_shard", 1) * cp if zero >= 2 else 1
     micro = batch or _plan_value(plan, "micro_batch", 1)
     db = _ACT_BYTES[precision]
-    elems = full_elems = tensors = biggest_block = 0
+    elems = full_elems = tensors = biggest_block = head_elems = 0
     acts = temps = recompute_peak = 0.0
     for comp in view.components:
         tp, sp = _comp_tp(plan, comp.name)
@@ -203,6 +226,8 @@ def _stage_estimate(graph, plan, stage, batch, seq, precision, optimizer, recomp
             full_elems += count * _param_elems(node, tp, 1)[0]
             if is_block(node):
                 biggest_block = max(biggest_block, _param_elems(node, tp, 1)[0])
+            if isinstance(node, LMHead):
+                head_elems += count * e
         for node, count in others.items():
             acts += count * node_saved(node, micro, tokens_seq, db, "none", tp, sp, cp, kernels)
             if isinstance(node, LMHead):
@@ -233,7 +258,10 @@ def _stage_estimate(graph, plan, stage, batch, seq, precision, optimizer, recomp
         comm = biggest_block * (db + 4) + (2 * biggest_block * db if zero == 3 else 0)
     elif zero < 2 and dp * cp > 1:
         comm = full_elems * 4
+    accumulating = m > 1 or pp > 1  # later micro-batches run forward with the gradients already allocated
+    first_grads = head_elems + math.ceil(biggest_block * elems / max(full_elems, 1))
     return MemoryEstimate(
+        grads_in_flight=None if accumulating else min(elems, first_grads) * 4,
         params=elems * 4, grads=elems * 4, optimizer=opt_elems * per_elem + (opt_tensors * 4 if per_elem else 0),
         compute_params=compute, activations=int(round(acts * flight)), temporaries=int(round(temps + recompute_peak)),
         comm_buffers=comm, stage=stage)
