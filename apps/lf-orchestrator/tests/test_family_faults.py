@@ -124,6 +124,23 @@ def test_nonfinite_rollback_reloads_the_checkpoint_without_replaying(corpus_dir,
     assert (consumed["epoch"], consumed["offset"]) == (expected["epoch"], expected["offset"])
 
 
+def test_step_zero_checkpoint_leaves_the_run_unchanged(corpus_dir, tmp_path):
+    """``on_nonfinite = "rollback"`` saves step 0 before training, and DCP fills the empty AdamW state with a
+    zero-LR step to save it (its step counter becomes 1, which changes every later bias correction). Oracle: the
+    same run under ``stop`` (no step-0 save), bit for bit; the step-0 folder loads back an empty optimizer."""
+    losses = {}
+    for policy in ("stop", "rollback"):
+        _trainer(corpus_dir, tmp_path / policy, "train.steps=3", "train.ckpt_every=10",
+                 f"train.on_nonfinite='{policy}'").fit()
+        losses[policy] = {step: row["train/loss"] for step, row in _rows(tmp_path / policy).items()}
+    assert losses["stop"] == losses["rollback"] and sorted(losses["stop"]) == [1, 2, 3]
+    step0 = tmp_path / "rollback" / "checkpoints" / "step-00000000"
+    assert step0.is_dir()
+    fresh = _trainer(corpus_dir, tmp_path / "fresh")
+    fresh._restore(step0)
+    assert fresh.step == 0 and not fresh.optimizer.state
+
+
 def test_nonfinite_weights_are_never_checkpointed(corpus_dir, tmp_path):
     """A NaN parameter: save() raises naming it and writes nothing."""
     trainer = _trainer(corpus_dir, tmp_path, "train.steps=2")

@@ -6,7 +6,8 @@ batches, same updates, same schedule, deterministic gloo reductions), and the un
 ZeRO-3 checkpoint resumed under tp=2 (same global batch, reductions in another order: 1e-6 relative). A "stopped"
 run is a copy of the uninterrupted run's folder without the checkpoints after step 3 (all a stopped process
 leaves), except in the SIGKILL test, where the process group really is killed while it saves step 4.
-(The recipe trainer runs no pipeline parallelism, so the issue's TP+PP case is tested as TP + SP.)
+(TP + SP here; the issue's TP+PP resume, bit for bit, and a pp checkpoint resumed under dp are in
+``test_family_pipeline.py``.)
 """
 
 from __future__ import annotations

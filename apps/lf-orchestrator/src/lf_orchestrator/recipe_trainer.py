@@ -2,7 +2,8 @@
 
 The order in which techniques are applied is written here once: build on meta ->
 materialize -> LoRA / freezing -> tensor (+ sequence) parallel -> activation
-recomputation -> data parallel / ZeRO (``lf_parallel.parallelize``) -> optimizer.
+recomputation (a mode for every block, or ``memory.recompute = "auto"``: lf-memory's planner per block,
+:mod:`lf_orchestrator.families._recompute`) -> data parallel / ZeRO (``lf_parallel.parallelize``) -> optimizer.
 The plan is searched or parsed and checked before any of it
 (:mod:`lf_orchestrator.families._plan`).
 
@@ -45,19 +46,13 @@ from lf_orchestrator.checkpoint import write_text_atomic
 from lf_orchestrator.families import family_module
 from lf_orchestrator.families._faults import RunGuard, check_finite_weights, nonfinite_step
 from lf_orchestrator.families._plan import resolve_plan
-from lf_orchestrator.families._state import (
-    FamilyCheckpointer,
-    describe_reshard,
-    gather_objects,
-    latest_checkpoint,
-    reshard_sampler,
-    rng_state,
-    set_rng_state,
-)
+from lf_orchestrator.families._recompute import describe_plan, plan_family_recompute, plan_line, stage_plan
+from lf_orchestrator.families._state import FamilyCheckpointer, latest_checkpoint
 from lf_orchestrator.families.base import LossModule
 from lf_orchestrator.families.lora import apply_lora, freeze
 from lf_orchestrator.faults import RolledBack, nonfinite_reason
 from lf_orchestrator.metrics import MetricsLogger, plot_loss_curve
+from lf_orchestrator.train_state import restore_training_state, save_training_state
 from lf_parallel import DistContext, build_mesh, global_sum, parallelize
 
 StepCallback = Callable[[int, dict[str, float]], None]
@@ -135,21 +130,26 @@ class RecipeTrainer:
             self.model, model_info = prepare_model(self.family, cfg, ctx.device)
             self.plan_info.update(model_info)
         mode = cfg.memory.recompute if cfg.memory.recompute != "none" else self.plan_info.get("recompute", "none")
-        if mode == "auto":
-            raise ValueError('memory.recompute = "auto" is not supported by the llm/vlm/video families; use '
-                             '"full", "selective" or "every_k", or parallel.plan = "auto" (the search picks one)')
         self.plan_info["recompute"] = mode
+        self.mesh = build_mesh(self.plan, ctx.device.type) if ctx.distributed else None
+        self.recompute_plan = None
+        """With ``memory.recompute = "auto"``: this rank's :class:`lf_memory.RecomputePlan`, else None."""
+        if mode == "auto":
+            self.recompute_plan = plan_family_recompute(
+                cfg, self.family, self.plan, self.precision.compute_dtype.itemsize,
+                pp_rank=self.mesh.get_local_rank("pp") if self.plan.pp > 1 else 0)
+            self.plan_info["recompute_plan"] = describe_plan(self.recompute_plan)
 
         def recompute(_module: nn.Module) -> None:
             self.plan_info["recomputed_blocks"] = apply_recompute(
-                nn.ModuleList(self.model.blocks), mode, every=cfg.memory.recompute_every)
+                nn.ModuleList(self.model.blocks), mode, every=cfg.memory.recompute_every, plan=self.recompute_plan)
 
-        self.mesh = build_mesh(self.plan, ctx.device.type) if ctx.distributed else None
         if self.plan.pp > 1:
             from lf_orchestrator.families._pipeline_step import PipelineModel
 
             self.pipe = PipelineModel(self.family, cfg, self.plan, self.mesh, ctx.device, lambda blocks: (
-                apply_recompute(nn.ModuleList(blocks), mode, every=cfg.memory.recompute_every)))
+                apply_recompute(nn.ModuleList(blocks), mode, every=cfg.memory.recompute_every,
+                                plan=stage_plan(self.recompute_plan, blocks) if self.recompute_plan else None)))
             self.plan_info["recomputed_blocks"] = self.pipe.recomputed
             self.wrapped = self.loss_module = self.pipe.view
             self.model = self.pipe.view.model
@@ -215,29 +215,13 @@ class RecipeTrainer:
 
     def _restore(self, path: Path) -> None:
         """Load checkpoint ``path`` (written under any plan) into this run's sharded model and optimizer,
-        and its scheduler, loss scaler, sampler position, RNG states and step."""
-        state, extra = self.checkpointer.load(path, self.state_module, self.optimizer)
-        saved = state["scheduler"]
-        if len(saved["base_lrs"]) == len(self.optimizer.param_groups):
-            self.scheduler.load_state_dict(saved)
-        else:  # another plan groups the parameters differently (tensor kinds); the schedule is a function of the step
-            self.scheduler.last_epoch = saved["last_epoch"]
-            factor = self.scheduler.lr_lambdas[0](saved["last_epoch"])
-            self.scheduler._last_lr = [base * factor for base in self.scheduler.base_lrs]
-        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr(), strict=True):
-            group["lr"] = lr  # ZeRO-1's wrapper groups are not in the (local) optimizer state
-        sampler, note = reshard_sampler(state["sampler"], self.dp_rank, self.plan.dp)
-        self.sampler.load_state_dict({"epoch": sampler["epoch"], "offset": sampler["offset"]})
-        self.scaler.load_state_dict(state["scaler"])
-        rngs = state["rng"]
-        set_rng_state(rngs[self.ctx.rank] if len(rngs) == self.ctx.world_size else rngs[0], self.ctx.device)
-        self.step = int(state["step"])
-        self.resharded = describe_reshard(extra, self.plan.describe(), self.ctx.world_size)
-        if self.resharded and note:
-            self.resharded += f"; {note}"
+        and its scheduler, loss scaler, sampler position, RNG states and step (:mod:`lf_orchestrator.train_state`;
+        also the rollback of ``train.on_nonfinite``)."""
+        self.resharded = restore_training_state(self, path)
 
     def save(self) -> Path:
-        """Checkpoint the current step (call on every rank): each rank writes its shards, rank 0 the rest.
+        """Checkpoint the current step (call on every rank): each rank writes its shards, rank 0 the rest
+        (:func:`lf_orchestrator.train_state.save_training_state`; a step-0 save leaves the optimizer empty).
 
         With ``train.async_checkpoint`` the write continues in the background (awaited by the next save and
         at the end of :meth:`fit`); returns the checkpoint folder.
@@ -245,13 +229,7 @@ class RecipeTrainer:
         Raises:
             NonFiniteError: a parameter holds NaN/inf (nothing is written)."""
         check_finite_weights(self.state_module, self.ctx, self.step, self.run_dir)
-        per_rank = gather_objects((self.dp_rank, self.sampler.state_dict(), rng_state(self.ctx.device)),
-                                  self.ctx.distributed)
-        samplers = dict((dp_rank, s) for dp_rank, s, _ in per_rank)  # tp ranks repeat their dp rank's
-        state = {"step": self.step, "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-                 "sampler": [samplers[r] for r in range(self.plan.dp)], "rng": [r for _, _, r in per_rank],
-                 "plan": self.plan.describe()}
-        return self.checkpointer.save(self.step, self.state_module, self.optimizer, state, self.plan.describe())
+        return save_training_state(self)
 
     def _micro_batch(self) -> dict[str, torch.Tensor]:
         idx = [next(self._indices) for _ in range(self.plan.micro_batch)]
@@ -408,6 +386,8 @@ def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None,
         console.print(f"plan ({info['source']}): {trainer.plan.describe()}{predicted}; "
                       f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters, "
                       f"{info['trainable_params']:,} trainable")
+        if "recompute_plan" in info:
+            console.print(plan_line(info["recompute_plan"]), highlight=False)
 
     def on_step(step: int, s: dict) -> None:
         if ctx.is_main and (step % cfg.train.log_every == 0 or step == cfg.train.steps):

@@ -3,14 +3,14 @@
 Both trainers (the VLA trainer of ``lf run``, :mod:`lf_orchestrator.trainer`, and the llm / vlm / video
 :mod:`lf_orchestrator.recipe_trainer`) save through :class:`lf_orchestrator.families._state.FamilyCheckpointer`
 (sharded DCP folders, atomic marker + rename, keep-last-k, optionally asynchronous). This module writes and
-restores the rest (the VLA trainer calls it; ``RecipeTrainer.save`` / ``_restore`` still hold the same code and
-can call it too): the LR schedule, the loss scaler, every dp rank's sampler position,
-every rank's RNG states, the step and the plan. A checkpoint written under one plan or world size loads under
-another (DCP reshards the tensors, :func:`lf_orchestrator.families._state.reshard_sampler` the data position).
+restores the rest (both trainers' ``save`` / ``_restore`` call it): the LR schedule, the loss scaler, every dp
+rank's sampler position, every rank's RNG states, the step and the plan. A checkpoint written under one plan or
+world size loads under another (DCP reshards the tensors,
+:func:`lf_orchestrator.families._state.reshard_sampler` the data position).
 
 A trainer passed here has the attributes ``cfg``, ``ctx``, ``plan``, ``step``, ``optimizer``, ``scheduler``,
 ``scaler``, ``sampler``, ``dp_rank``, ``checkpointer`` and ``state_module`` (the module whose names are saved:
-``model.`` + the recipe model's parameter names).
+``model.`` + the recipe model's parameter names; under pipeline parallel the rank's ``StageView``, same names).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def save_training_state(trainer) -> Path:
     state again afterwards and marks the checkpoint, so neither the run nor a rollback to step 0 sees it.
     """
     ctx, plan = trainer.ctx, trainer.plan
-    empty = not trainer.optimizer.state
+    local = _local_optimizer(trainer.optimizer)
+    empty = not local.state
     per_rank = gather_objects((trainer.dp_rank, trainer.sampler.state_dict(), rng_state(ctx.device)),
                               ctx.distributed)
     samplers = dict((dp_rank, s) for dp_rank, s, _ in per_rank)  # tp ranks repeat their dp rank's
@@ -49,7 +50,7 @@ def save_training_state(trainer) -> Path:
              "rng": [r for _, _, r in per_rank], "plan": plan.describe(), EMPTY_OPTIMIZER: empty}
     path = trainer.checkpointer.save(trainer.step, trainer.state_module, trainer.optimizer, state, plan.describe())
     if empty:  # the state DCP made up for the save (async saves have copied it already)
-        trainer.optimizer.state.clear()
+        local.state.clear()
     return path
 
 
@@ -68,7 +69,7 @@ def restore_training_state(trainer, path: Path) -> str | None:
     state, extra = trainer.checkpointer.load(path, trainer.state_module, trainer.optimizer)
     _check_finite(trainer.state_module, ctx, path)
     if state.get(EMPTY_OPTIMIZER):
-        trainer.optimizer.state.clear()
+        _local_optimizer(trainer.optimizer).state.clear()
     saved = state["scheduler"]
     if len(saved["base_lrs"]) == len(trainer.optimizer.param_groups):
         trainer.scheduler.load_state_dict(saved)
@@ -87,6 +88,11 @@ def restore_training_state(trainer, path: Path) -> str | None:
     resharded = describe_reshard(extra, trainer.plan.describe(), ctx.world_size)
     return f"{resharded}; {note}" if resharded and note else resharded
 
+
+def _local_optimizer(optimizer):
+    """The optimizer holding this rank's state: ZeRO-1's ``ZeroRedundancyOptimizer`` keeps it in its local
+    ``optim`` (the wrapper's own ``state`` stays empty), as ``lf_parallel``'s checkpoint code reads it."""
+    return optimizer.optim if type(optimizer).__name__ == "ZeroRedundancyOptimizer" else optimizer
 
 
 def _check_finite(module: torch.nn.Module, ctx, path: Path) -> None:

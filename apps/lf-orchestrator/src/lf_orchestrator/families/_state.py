@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import CheckpointException
 
-from lf_orchestrator.checkpoint import damaged, write_text_atomic
+from lf_orchestrator.checkpoint import damaged, load_weights, write_text_atomic
 from lf_parallel import (
     MARKER,
     PendingCheckpoint,
@@ -42,7 +42,6 @@ from lf_parallel import (
     checkpoint_extra,
     is_complete,
     load_checkpoint,
-    read_full_tensors,
     save_checkpoint,
 )
 
@@ -89,17 +88,15 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 def load_model_weights(path: Path) -> dict[str, torch.Tensor]:
     """The recipe model's full weights (its own names, CPU) from a checkpoint folder; one process, no group.
-    Folders of the earlier full-state layout (``model.safetensors``) load too.
+    Folders of the earlier full-state layout (``model.safetensors`` + ``state.pt``) load too.
+
+    The same reader as ``lf eval`` (:func:`lf_orchestrator.checkpoint.load_weights`).
 
     Raises:
-        FileNotFoundError: the folder is missing or incomplete.
+        FileNotFoundError: the folder is missing or incomplete (names it).
+        CheckpointError: unreadable shards, or weights holding NaN/inf (names the file and tensor).
     """
-    if (Path(path) / "model.safetensors").is_file():
-        from safetensors.torch import load_file
-
-        return load_file(str(Path(path) / "model.safetensors"))
-    tensors = read_full_tensors(path, prefix="model.")
-    return {k.removeprefix(PREFIX): v for k, v in tensors.items()}
+    return load_weights(path)
 
 
 class FamilyCheckpointer:

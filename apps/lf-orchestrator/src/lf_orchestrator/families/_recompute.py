@@ -1,0 +1,124 @@
+"""``memory.recompute = "auto"`` in the recipe trainer: lf-memory's knapsack planner on the family's graph.
+
+:func:`plan_family_recompute` plans one option per block (``none`` / ``selective`` / ``selective_attn`` /
+``full``, :func:`lf_memory.plan_recompute`) for the blocks this rank runs, at the plan's micro-batch and the
+family's sequence length (its main component's tokens per sample; other components keep their graph
+``seq_len``), in the compute dtype's bytes. The activation budget is ``memory.budget_gib`` less what the
+weights, gradients and AdamW state of this rank take (:func:`lf_memory.estimate_memory` under the plan:
+16 bytes per parameter, divided by TP and ZeRO sharding, as the VLA trainer's 16 bytes per parameter).
+
+Under pipeline parallel (``plan.pp > 1``) the planned graph is this pipeline rank's stages only (its slices
+of the trunk, and the encoders on stage 0), with the micro-batches its schedule keeps in flight
+(:func:`lf_memory.in_flight_micro_batches`); :func:`stage_plan` cuts the plan down to one stage's blocks.
+
+Not modelled: tensor and sequence parallel split activations too (the plan keeps the unsplit bytes, so it
+recomputes more than needed, never less), and the CPU's unfused kernels (``kernels="cuda"`` figures).
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+from torch import nn
+
+from lf_memory import RecomputePlan, estimate_memory, in_flight_micro_batches, plan_recompute
+
+
+def _prec(dtype_bytes: int) -> str:
+    return "fp32" if dtype_bytes >= 4 else "bf16"
+
+
+def _rank_graph(graph, plan, pp_rank: int):
+    """The part of ``graph`` pipeline rank ``pp_rank`` runs: its trunk slices, plus the encoders on stage 0."""
+    from lf_parallel._stages import split_stages
+
+    specs = [s for s in split_stages(graph, plan.pp, virtual_stages=plan.pp_virtual_stages) if s.rank == pp_rank]
+    trunk = specs[0].trunk
+    encoders = {e for s in specs for e in s.encoders}
+    comps = []
+    for comp in graph.components:
+        if comp.name == trunk:
+            nodes = [n for s in specs for n in comp.nodes[s.start:s.stop]]
+            comps.append(msgspec.structs.replace(comp, nodes=nodes))
+        elif comp.name in encoders:
+            comps.append(comp)
+    return msgspec.structs.replace(graph, components=comps)
+
+
+def plan_family_recompute(cfg, family, plan, dtype_bytes: int, *, pp_rank: int = 0) -> RecomputePlan:
+    """The recompute plan of this rank's blocks for ``memory.recompute = "auto"`` (see the module docstring).
+
+    Args:
+        cfg: the run config (``memory.budget_gib``).
+        family: the run's family (``graph``, ``seq_len``: tokens per sample of the main component).
+        plan: the checked parallel plan (``micro_batch``; ``pp``, ``pp_schedule``, ``grad_accum`` for pipelines).
+        dtype_bytes: bytes per activation element (2 under bf16 / fp16 autocast, 4 in float32).
+        pp_rank: this rank's pipeline rank (``plan.pp > 1``).
+
+    Returns:
+        A fitting :class:`lf_memory.RecomputePlan` (blocks in graph order: ``model.blocks`` order).
+
+    Raises:
+        ConfigError: ``memory.budget_gib`` leaves no room, or not even full recomputation fits (names the
+            budget, the bytes left for activations and the least the plan can keep).
+    """
+    from lf_orchestrator.config import ConfigError
+    from lf_parallel._stages import trunk_component
+
+    graph = family.graph
+    seq = {trunk_component(graph): int(family.seq_len)}
+    states = estimate_memory(graph, plan, seq=seq[trunk_component(graph)], precision=_prec(dtype_bytes),
+                             stage=pp_rank if plan.pp > 1 else None)
+    fixed = states.params + states.grads + states.optimizer
+    budget = int(cfg.memory.budget_gib * 2**30) - fixed
+    in_flight = 1
+    if plan.pp > 1:
+        graph = _rank_graph(graph, plan, pp_rank)
+        in_flight = math.ceil(in_flight_micro_batches(plan.pp_schedule, plan.pp, pp_rank, plan.grad_accum,
+                                                      plan.pp_virtual_stages))
+    result = plan_recompute(graph, max(budget, 0), plan.micro_batch, seq, dtype_bytes, in_flight=in_flight)
+    if not result.fits:
+        raise ConfigError(f"memory.budget_gib: {cfg.memory.budget_gib} GiB leaves {budget / 2**30:.4f} GiB for "
+                         f"activations after {fixed / 2**30:.4f} GiB of weights, gradients and AdamW state, but "
+                         f"even full recomputation keeps {result.saved_bytes / 2**30:.4f} GiB (micro-batch "
+                         f"{plan.micro_batch}, {seq} tokens per sample)")
+    return result
+
+
+def stage_plan(plan: RecomputePlan, blocks: list[nn.Module]) -> RecomputePlan:
+    """``plan`` cut down to ``blocks`` (one pipeline stage's, in order; matched by their IR node names).
+
+    Raises:
+        ValueError: a block without an IR node, or one the plan does not hold.
+    """
+    by_name = {}
+    for comp, names in plan.names.items():
+        for name, option in zip(names, plan.options[comp], strict=True):
+            by_name[name] = (comp, option)
+    options: dict[str, list[str]] = {}
+    names: dict[str, list[str]] = {}
+    for block in blocks:
+        node = getattr(block, "lf_node", None)
+        if node is None or node.name not in by_name:
+            raise ValueError(f"block {type(block).__name__} ({getattr(node, 'name', 'no IR node')}) is not in the "
+                             f"recompute plan's blocks {sorted(by_name)}")
+        comp, option = by_name[node.name]
+        options.setdefault(comp, []).append(option)
+        names.setdefault(comp, []).append(node.name)
+    return msgspec.structs.replace(plan, options=options, names=names)
+
+
+def describe_plan(plan: RecomputePlan) -> dict:
+    """The plan for ``plan.json`` and the log: per-component options, counts, predicted saved bytes."""
+    return {"options": plan.options, "counts": {k: v for k, v in plan.counts().items() if v},
+            "saved_bytes": plan.saved_bytes, "budget_bytes": plan.budget_bytes,
+            "recompute_flops": plan.recompute_flops, **({"unpredicted": plan.unpredicted} if plan.unpredicted else {})}
+
+
+def plan_line(info: dict) -> str:
+    """One log line of :func:`describe_plan`'s dict."""
+    opts = "; ".join(f"{comp}: {' '.join(o)}" for comp, o in info["options"].items())
+    return (f"recompute (auto): {opts}; predicted saved activations {info['saved_bytes'] / 2**20:.2f} MiB of "
+            f"{info['budget_bytes'] / 2**20:.2f} MiB budget, {info['recompute_flops'] / 1e9:.3f} GFLOP recomputed "
+            f"per micro-batch")
