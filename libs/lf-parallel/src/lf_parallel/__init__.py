@@ -52,6 +52,7 @@ from lf_parallel._pipeline import (
     build_stage_module,
     pipeline_step,
 )
+from lf_parallel._pipeline_mm import MultimodalStageModule, build_multimodal_pipeline
 from lf_parallel._plan import ComponentPlan, Plan, PlanError, check_plan, choose_plan, parse_plan
 from lf_parallel._ring import ring_attention
 from lf_parallel._search import Candidate, NoFeasiblePlan, SearchResult, search_plans
@@ -60,9 +61,10 @@ from lf_parallel._tensor_parallel import apply_tensor_parallel, loss_parallel_co
 from lf_parallel._ulysses import check_ulysses_heads, head_to_seq, seq_to_head, ulysses_attention
 from lf_parallel._zero import apply_zero, build_optimizer, mixed_precision_policy, tensor_kind_groups
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
+    "MultimodalStageModule", "build_multimodal_pipeline",
     "Calibration", "Candidate", "Cluster", "ClusterError", "ComponentPlan", "ContextParallel", "DistContext",
     "GPUSpec", "GPU_CATALOGUE", "MARKER", "MESH_DIMS", "NoFeasiblePlan", "PendingCheckpoint", "PipelineStageModule",
     "Plan", "PlanError", "SCHEDULES", "SIDE_KWARGS", "SearchResult", "StageSpec", "StepCost", "apply_context_parallel",
