@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from lf_data import ResumableSampler
+from lf_ir import param_count
 from lf_memory import DynamicLossScaler, apply_recompute, resolve_precision
 from lf_orchestrator.checkpoint import write_text_atomic
 from lf_orchestrator.families import family_module
@@ -101,6 +102,7 @@ def prepare_model(family, cfg, device: torch.device) -> tuple[nn.Module, dict]:
         info["lora_modules"] = apply_lora(model, t.lora_targets, t.lora_rank, t.lora_alpha, seed=cfg.run.seed)
     if t.freeze:
         info["frozen_params"] = len(freeze(model, t.freeze))
+    info["params"] = sum(p.numel() for p in model.parameters())
     info["trainable_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return model, info
 
@@ -153,7 +155,8 @@ class RecipeTrainer:
             self.plan_info["recomputed_blocks"] = self.pipe.recomputed
             self.wrapped = self.loss_module = self.pipe.view
             self.model = self.pipe.view.model
-            self.plan_info["trainable_params"] = sum(p.numel() for p in self.model.parameters())  # this rank's
+            self.plan_info["stage_params"] = sum(p.numel() for p in self.model.parameters())  # this rank's stages
+            self.plan_info["params"] = self.plan_info["trainable_params"] = param_count(self.family.graph)
             coord = self.mesh.get_coordinate()
             self.dp_rank = coord[1] * self.mesh["dp_shard"].size() + coord[2]
         elif self.mesh is not None:
@@ -384,7 +387,7 @@ def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None,
                      + (" (nominal: CPU job)" if info.get("nominal_cluster") else "")
                      if "predicted_step_s" in info else "")
         console.print(f"plan ({info['source']}): {trainer.plan.describe()}{predicted}; "
-                      f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters, "
+                      f"{info.get('params', sum(p.numel() for p in trainer.model.parameters())):,} parameters, "
                       f"{info['trainable_params']:,} trainable")
         if "recompute_plan" in info:
             console.print(plan_line(info["recompute_plan"]), highlight=False)
