@@ -173,7 +173,7 @@ def _curves(args, cfg, device) -> dict:
         tail = max(1, len(a) // 10)
         out["final_mean_bf16"] = sum(a[-tail:]) / tail
         out["final_mean_fp8"] = sum(b[-tail:]) / tail
-        out["max_abs_diff_last_half"] = max(abs(x - y) for x, y in zip(a[len(a) // 2:], b[len(b) // 2:]))
+        out["max_abs_diff_last_half"] = max(abs(x - y) for x, y in zip(a[len(a) // 2:], b[len(b) // 2:], strict=True))
     return out
 
 
