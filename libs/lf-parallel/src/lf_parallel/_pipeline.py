@@ -146,6 +146,18 @@ def build_stage_module(graph: Graph, spec: StageSpec, mask: MaskSpec, side: tupl
     return PipelineStageModule(graph, spec, mask, side)
 
 
+def check_schedule_args(schedule: str, *, pp_rank: int, pp: int, virtual_stages: int) -> None:
+    """Raise ``ValueError`` for an unknown schedule, ``virtual_stages > 1`` under a one-stage-per-rank
+    schedule (``gpipe`` / ``1f1b``), or ``pp_rank`` outside ``[0, pp)``."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"parallel.pp_schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
+    if schedule in _SINGLE_STAGE and virtual_stages != 1:
+        raise ValueError(f"parallel.pp_schedule={schedule!r} runs one stage per rank; "
+                         f"got pp_virtual_stages={virtual_stages} (use 'interleaved_1f1b' or 'zero_bubble')")
+    if not 0 <= pp_rank < pp:
+        raise ValueError(f"pp_rank must be in [0, {pp}), got {pp_rank}")
+
+
 def build_pipeline(graph: Graph, *, pp_rank: int, pp: int, schedule: str, n_microbatches: int,
                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], mask: MaskSpec,
                    device: torch.device, seed: int, group=None, virtual_stages: int = 1,
@@ -185,13 +197,7 @@ def build_pipeline(graph: Graph, *, pp_rank: int, pp: int, schedule: str, n_micr
         ValueError: unknown schedule, ``virtual_stages > 1`` with ``gpipe`` / ``1f1b``,
             a bad ``pp_rank``, or a split that does not fit (see :func:`split_stages`).
     """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"parallel.pp_schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
-    if schedule in _SINGLE_STAGE and virtual_stages != 1:
-        raise ValueError(f"parallel.pp_schedule={schedule!r} runs one stage per rank; "
-                         f"got pp_virtual_stages={virtual_stages} (use 'interleaved_1f1b' or 'zero_bubble')")
-    if not 0 <= pp_rank < pp:
-        raise ValueError(f"pp_rank must be in [0, {pp}), got {pp_rank}")
+    check_schedule_args(schedule, pp_rank=pp_rank, pp=pp, virtual_stages=virtual_stages)
     if materialize is None:
         from lf_ir import materialize
     specs = [s for s in split_stages(graph, pp, virtual_stages=virtual_stages) if s.rank == pp_rank]

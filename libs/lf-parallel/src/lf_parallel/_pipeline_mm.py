@@ -37,12 +37,10 @@ from torch.distributed.pipelining import PipelineStage
 
 from lf_ir import LMHead
 from lf_ir._pipeline_glue import PIPELINE_GLUE
-from lf_parallel._pipeline import SCHEDULES
+from lf_parallel._pipeline import _SINGLE_STAGE, SCHEDULES, check_schedule_args
 from lf_parallel._stages import StageSpec, split_stages
 
 __all__ = ["MultimodalStageModule", "build_multimodal_pipeline"]
-
-_SINGLE_STAGE = ("gpipe", "1f1b")
 
 
 class MultimodalStageModule(nn.Module):
@@ -148,13 +146,7 @@ def build_multimodal_pipeline(build_model: Callable[[], nn.Module], *, pp_rank: 
             ``pp_rank``, a split that does not fit (see :func:`split_stages`), or a tied head.
         TypeError: the model has no pipeline glue.
     """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"parallel.pp_schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
-    if schedule in _SINGLE_STAGE and virtual_stages != 1:
-        raise ValueError(f"parallel.pp_schedule={schedule!r} runs one stage per rank; "
-                         f"got pp_virtual_stages={virtual_stages} (use 'interleaved_1f1b' or 'zero_bubble')")
-    if not 0 <= pp_rank < pp:
-        raise ValueError(f"pp_rank must be in [0, {pp}), got {pp_rank}")
+    check_schedule_args(schedule, pp_rank=pp_rank, pp=pp, virtual_stages=virtual_stages)
     if materialize is None:
         from lf_ir import materialize
     modules, stages = [], []
