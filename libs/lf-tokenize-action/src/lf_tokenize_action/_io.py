@@ -34,12 +34,15 @@ def write_json_atomic(path: str | os.PathLike[str], payload: Mapping[str, Any]) 
 
     The text goes to a temporary file in the destination folder, is flushed and
     fsynced, then ``os.replace``-d onto ``path``; the temporary file is removed
-    if anything fails. Returns the destination path.
+    if anything fails. The file gets the mode a plain ``open`` would give it
+    (``0o666`` less the process umask), not ``mkstemp``'s private ``0o600``.
+    Returns the destination path.
     """
     dest = Path(path)
     text = json.dumps(payload, indent=2, allow_nan=False) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -51,6 +54,23 @@ def write_json_atomic(path: str | os.PathLike[str], payload: Mapping[str, Any]) 
         raise
     _fsync_dir(dest.parent)
     return dest
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS allows (Linux ``/proc/self/status``).
+
+    Elsewhere it is read by setting and restoring it (``os.umask``), which is not atomic across threads.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
