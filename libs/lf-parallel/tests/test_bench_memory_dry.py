@@ -45,7 +45,10 @@ def test_every_workload_and_plan_ran_with_identical_losses(result):
             assert r["losses"] == reference, (key, name)
             assert r["peak_gib_predicted"] > 0 and r["step_s_predicted"] > 0, (key, name)
         pred = {name: w["plans"][name]["peak_gib_predicted"] for name in PLANS}
-        assert pred["full"] < pred["auto"] < pred["selective"] < pred["none"], (key, pred)
+        # the peak is the larger of two moments; where the optimizer step dominates (tiny qwen2_vl), plans tie
+        assert pred["full"] <= pred["auto"] <= pred["selective"] <= pred["none"], (key, pred)
+        acts = {name: w["predicted_breakdown_gib"][name]["activations"] for name in ("none", "selective", "full")}
+        assert acts["full"] < acts["selective"] < acts["none"], (key, acts)
 
 
 def test_auto_fits_a_budget_only_full_meets_uniformly(result):
