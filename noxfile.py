@@ -45,7 +45,7 @@ def tests(session: nox.Session, lib: str) -> None:
     """Run one library's tests with only it and its declared dependencies installed."""
     folder = _install(session, lib)
     session.env.setdefault("MUJOCO_GL", "osmesa")
-    session.run("python", "-m", "pytest", f"{folder}/tests", "-q", "-p", "no:cacheprovider",
+    session.run("python", "-m", "pytest", f"{folder}/tests", "-q", "-rs", "-p", "no:cacheprovider",
                 *session.posargs)
 
 
