@@ -25,15 +25,13 @@ another plan or world size DCP reshards the state (logged).
 
 Faults (:mod:`lf_orchestrator.families._faults`): a NaN/inf loss or gradient norm is handled by
 ``train.on_nonfinite`` before the update; weights holding NaN/inf are never checkpointed; SIGTERM / SIGINT
-save the step and stop (exit 143 / 130); ``train.hang_timeout_s`` arms the hang watchdog.
+save the step and stop (exit 143 / 130); ``train.hang_timeout_s`` arms the hang watchdog. The fit loop is
+shared with the VLA trainer (:func:`lf_orchestrator.fit.fit_loop`).
 """
 
 from __future__ import annotations
 
 import json
-import math
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,26 +43,16 @@ from lf_ir import param_count
 from lf_memory import DynamicLossScaler, apply_recompute, resolve_precision
 from lf_orchestrator.checkpoint import write_text_atomic
 from lf_orchestrator.families import family_module
-from lf_orchestrator.families._faults import RunGuard, check_finite_weights, nonfinite_step
+from lf_orchestrator.families._faults import check_finite_weights, nonfinite_step
 from lf_orchestrator.families._plan import resolve_plan
 from lf_orchestrator.families._recompute import describe_plan, plan_family_recompute, plan_line, stage_plan
 from lf_orchestrator.families._state import FamilyCheckpointer, latest_checkpoint
 from lf_orchestrator.families.base import LossModule
 from lf_orchestrator.families.lora import apply_lora, freeze
-from lf_orchestrator.faults import RolledBack, nonfinite_reason
-from lf_orchestrator.metrics import MetricsLogger, plot_loss_curve
+from lf_orchestrator.faults import nonfinite_reason
+from lf_orchestrator.fit import StepCallback, apply_update, fit_loop, lr_schedule
 from lf_orchestrator.train_state import restore_training_state, save_training_state
 from lf_parallel import DistContext, build_mesh, global_sum, parallelize
-
-StepCallback = Callable[[int, dict[str, float]], None]
-
-
-def lr_factor(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
-    """Linear warm-up over ``warmup`` steps, then cosine decay to ``min_ratio`` at ``total``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    frac = (step - warmup) / max(1, total - warmup)
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
 
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float, group=None) -> torch.Tensor:
@@ -171,8 +159,7 @@ class RecipeTrainer:
             self.wrapped, self.dp_rank = self.loss_module, 0
         self.optimizer = self._optimizer()
         t = cfg.train
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(
-            s, warmup=t.warmup_steps, total=t.steps, min_ratio=t.min_lr_ratio))
+        self.scheduler = lr_schedule(self.optimizer, t)
         self.scaler = DynamicLossScaler(ctx.device.type, enabled=self.precision.needs_loss_scaling)
         self.sampler = ResumableSampler(self.family.num_samples, batch_size=self.plan.micro_batch, seed=cfg.run.seed,
                                         rank=self.dp_rank, world_size=self.plan.dp)
@@ -269,13 +256,7 @@ class RecipeTrainer:
         bad = nonfinite_reason(stats[0], stats[-1], check_grad=not self.scaler.enabled)
         if bad is not None:
             return nonfinite_step(self, bad, float(grad_norm))
-        self.scaler.step(self.optimizer)
-        skipped = self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        lr = self.scheduler.get_last_lr()[0]
-        if not skipped:
-            self.scheduler.step()
-        self.step += 1
+        lr = apply_update(self)
         return {"train/loss": float(stats[0] / units), **{f"train/{k}": float(stats[i + 1] / units)
                                                            for i, k in enumerate(names)},
                 "train/grad_norm": float(grad_norm), "train/lr": lr, "train/target_units": float(units)}
@@ -292,7 +273,9 @@ class RecipeTrainer:
         return out
 
     def fit(self, on_step: StepCallback | None = None) -> dict[str, Any]:
-        """Train until ``train.steps``, logging, checkpointing and evaluating at the end; returns a summary.
+        """Train until ``train.steps``, logging, checkpointing and evaluating at the end (``eval.at_end``);
+        returns a summary with ``eval`` and ``plan`` (:func:`lf_orchestrator.fit.fit_loop`; throughput
+        ``perf/units_per_s``: target units per second).
 
         SIGTERM / SIGINT: the step is checkpointed and the summary says ``preempted`` (``signal``: the name,
         ``exit_code``: 143 / 130); no evaluation then.
@@ -301,52 +284,9 @@ class RecipeTrainer:
             NonFiniteError: ``train.on_nonfinite = "stop"`` on a NaN/inf step (before its update), rollback gave
                 up, or the weights to checkpoint hold NaN/inf.
         """
-        t = self.cfg.train
-        logger = MetricsLogger(self.run_dir, start_step=self.step, enabled=self.ctx.is_main)
-        start, t0, last, evaluation = self.step, time.perf_counter(), {}, {}
-        window_units, window_t = 0.0, time.perf_counter()
-        guard = RunGuard(hang_timeout_s=t.hang_timeout_s, on_hang=t.on_hang, ctx=self.ctx, run_dir=self.run_dir,
-                         describe=lambda: f"last finished step {self.step}")
-        preempted = False
-        try:
-            with guard:
-                if t.on_nonfinite == "rollback" and latest_checkpoint(self.run_dir) is None:
-                    self.save()  # something to roll back to
-                while self.step < t.steps:
-                    try:
-                        last = self.train_step()
-                    except RolledBack:  # continue from the checkpoint's step; its logs restart there
-                        logger.close()
-                        logger = MetricsLogger(self.run_dir, start_step=self.step, enabled=self.ctx.is_main)
-                        continue
-                    window_units += last["train/target_units"]
-                    if self.step % t.log_every == 0 or self.step == t.steps:
-                        now = time.perf_counter()
-                        last["perf/units_per_s"] = window_units / max(now - window_t, 1e-9)
-                        window_units, window_t = 0.0, now
-                        logger.log(self.step, last)
-                    if on_step is not None:
-                        on_step(self.step, last)
-                    saved = self.step % t.ckpt_every == 0 or self.step == t.steps
-                    if saved:
-                        self.save()
-                        if self.ctx.is_main:
-                            plot_loss_curve(self.run_dir, self.family.loss_label)
-                    if guard.step_done():  # SIGTERM / SIGINT on some rank: checkpoint this step, then stop
-                        if not saved:
-                            self.save()
-                        preempted = True
-                        break
-            self.checkpointer.close()
-            evaluation = self.evaluate() if self.cfg.eval.at_end and not preempted else {}
-            if evaluation:
-                logger.log(self.step, evaluation)
-        finally:
-            self.checkpointer.wait()  # a failed step still leaves the save in flight committed
-            logger.close()
-        return {"steps": self.step, "resumed_from": start, "seconds": time.perf_counter() - t0, "final": last,
-                "eval": evaluation, "plan": self.plan.describe(), "preempted": preempted,
-                **({"signal": guard.signal.name, "exit_code": guard.signal.exit_code} if preempted else {})}
+        evaluate = self.evaluate if self.cfg.eval.at_end else (lambda: {})  # the summary always has "eval"
+        return fit_loop(self, on_step, step_units=lambda s: s["train/target_units"], rate_key="perf/units_per_s",
+                        loss_label=self.family.loss_label, evaluate=evaluate, summary={"plan": self.plan.describe()})
 
 
 def write_plan(trainer: RecipeTrainer) -> None:

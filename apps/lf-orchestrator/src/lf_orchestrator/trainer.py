@@ -21,14 +21,13 @@ rank's RNG, the step and the plan; atomic, the newest ``train.keep_checkpoints``
 kept, in the background with ``train.async_checkpoint``. A run resumes bit for bit
 under its own plan and under another data-parallel size (DCP reshards; the data
 position is dealt anew). Folders of the earlier full-state layout resume too
-(under the world size that wrote them). Faults: as the recipe trainer
-(:mod:`lf_orchestrator.families._faults`).
+(under the world size that wrote them). The fit loop (logging window, checkpoint cadence, faults as in
+:mod:`lf_orchestrator.families._faults`, final save, summary) is the recipe trainer's:
+:func:`lf_orchestrator.fit.fit_loop`.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,14 +43,12 @@ from lf_memory._planner import RecomputePlan, plan_recompute
 from lf_orchestrator import assembly
 from lf_orchestrator.checkpoint import is_legacy, latest_checkpoint, load_checkpoint
 from lf_orchestrator.config import Config, ConfigError
-from lf_orchestrator.families._faults import RunGuard, check_finite_weights, nonfinite_step
+from lf_orchestrator.families._faults import check_finite_weights, nonfinite_step
 from lf_orchestrator.families._state import FamilyCheckpointer
-from lf_orchestrator.faults import RolledBack, nonfinite_reason
-from lf_orchestrator.metrics import MetricsLogger, plot_loss_curve
+from lf_orchestrator.faults import nonfinite_reason
+from lf_orchestrator.fit import StepCallback, apply_update, fit_loop, lr_schedule
 from lf_orchestrator.train_state import restore_training_state, save_training_state
 from lf_parallel import DistContext, Plan, apply_data_parallel, check_plan, choose_plan, global_sum
-
-StepCallback = Callable[[int, dict[str, float]], None]
 
 
 def prepare_dataset(cfg: Config, ctx: DistContext,
@@ -98,21 +95,14 @@ def make_recompute_plan(cfg: Config, model: nn.Module, micro_batch: int, precisi
 
 
 def make_optimizer(model: nn.Module, cfg: Config):
-    """AdamW (decay on matrices only) with linear warm-up and cosine decay."""
+    """AdamW (decay on matrices only) with linear warm-up and cosine decay (:func:`lf_orchestrator.fit.lr_schedule`)."""
     t = cfg.train
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=t.lr, betas=(0.9, 0.95))
-
-    def factor(step: int) -> float:
-        if step < t.warmup_steps:
-            return (step + 1) / t.warmup_steps
-        frac = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
-        return t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
-
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    return opt, lr_schedule(opt, t)
 
 
 class TrainingLoss(nn.Module):
@@ -236,13 +226,7 @@ class Trainer:
             out = nonfinite_step(self, bad, float(grad_norm))
             out.pop("train/target_units", None)  # the recipe trainer's name; this one logs target tokens
             return out
-        self.scaler.step(self.optimizer)  # skipped when fp16 gradients hold inf/NaN
-        skipped = self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        lr = self.scheduler.get_last_lr()[0]
-        if not skipped:  # the schedule counts applied updates
-            self.scheduler.step()
-        self.step += 1
+        lr = apply_update(self)
         names = sorted(sums)
         stats = global_sum(torch.stack([loss_sum, *(sums[k].to(loss_sum.dtype) for k in names)]), self.ctx)
         return {"train/loss": float(stats[0] / tokens),
@@ -253,7 +237,9 @@ class Trainer:
                    if self.scaler.enabled else {})}
 
     def fit(self, on_step: StepCallback | None = None) -> dict[str, Any]:
-        """Train until ``train.steps``, logging and checkpointing; returns a summary.
+        """Train until ``train.steps``, logging and checkpointing; returns a summary
+        (:func:`lf_orchestrator.fit.fit_loop`; throughput ``perf/tokens_per_s``: the global batch's sequence
+        tokens per second).
 
         SIGTERM / SIGINT: the step is checkpointed and the summary says ``preempted`` (``signal``, ``exit_code``:
         143 / 130). The last checkpoint is committed when this returns (also after an asynchronous save).
@@ -262,49 +248,7 @@ class Trainer:
             NonFiniteError: ``train.on_nonfinite = "stop"`` on a NaN/inf step (before its update), rollback gave
                 up, or the weights to checkpoint hold NaN/inf.
         """
-        t = self.cfg.train
-        logger = MetricsLogger(self.run_dir, start_step=self.step, enabled=self.ctx.is_main)
-        start_step, t0 = self.step, time.perf_counter()
-        last: dict[str, float] = {}
-        window_tokens, window_t = 0.0, time.perf_counter()
-        guard = RunGuard(hang_timeout_s=t.hang_timeout_s, on_hang=t.on_hang, ctx=self.ctx, run_dir=self.run_dir,
-                         describe=lambda: f"last finished step {self.step}")
-        preempted = False
-        try:
-            with guard:
-                if t.on_nonfinite == "rollback" and latest_checkpoint(self.run_dir) is None:
-                    self.save()  # something to roll back to
-                while self.step < t.steps:
-                    try:
-                        last = self.train_step()
-                    except RolledBack:  # continue from the checkpoint's step; its logs restart there
-                        logger.close()
-                        logger = MetricsLogger(self.run_dir, start_step=self.step, enabled=self.ctx.is_main)
-                        continue
-                    window_tokens += t.global_batch * self.model.cfg.seq_len
-                    if self.step % t.log_every == 0 or self.step == t.steps:
-                        now = time.perf_counter()
-                        last["perf/tokens_per_s"] = window_tokens / max(now - window_t, 1e-9)
-                        window_tokens, window_t = 0.0, now
-                        logger.log(self.step, last)
-                    if on_step is not None:
-                        on_step(self.step, last)
-                    saved = self.step % t.ckpt_every == 0 or self.step == t.steps
-                    if saved:
-                        self.save()
-                        if self.ctx.is_main:
-                            plot_loss_curve(self.run_dir, "action-token cross-entropy"
-                                            if self.cfg.model.recipe == "vla"
-                                            else "flow-matching loss (normalized actions)")
-                    if guard.step_done():  # SIGTERM / SIGINT on some rank: checkpoint this step, then stop
-                        if not saved:
-                            self.save()
-                        preempted = True
-                        break
-            self.checkpointer.close()
-        finally:
-            self.checkpointer.wait()  # a failed step still leaves the save in flight committed
-            logger.close()
-        return {"steps": self.step, "resumed_from": start_step,
-                "seconds": time.perf_counter() - t0, "final": last, "preempted": preempted,
-                **({"signal": guard.signal.name, "exit_code": guard.signal.exit_code} if preempted else {})}
+        tokens = self.cfg.train.global_batch * self.model.cfg.seq_len
+        label = "action-token cross-entropy" if self.cfg.model.recipe == "vla" else \
+            "flow-matching loss (normalized actions)"
+        return fit_loop(self, on_step, step_units=lambda _: tokens, rate_key="perf/tokens_per_s", loss_label=label)

@@ -1,8 +1,8 @@
-"""Fault handling of the llm / vlm / video recipe trainer, on :mod:`lf_orchestrator.faults`' policies.
+"""Fault handling of both trainers (VLA and llm / vlm / video), on :mod:`lf_orchestrator.faults`' policies.
 
 * :func:`nonfinite_step`: ``train.on_nonfinite`` for a step whose all-reduced loss or gradient norm is NaN/inf
-  (``stop`` / ``skip`` / ``rollback``, as the VLA trainer; a pending background save is committed first so that
-  ``rollback`` finds it).
+  (``stop`` / ``skip`` / ``rollback``; a pending background save is committed first so that ``rollback``
+  finds it).
 * :func:`check_finite_weights`: refuses to write a checkpoint of non-finite weights, so a blown-up run never
   rotates its last good checkpoint out.
 * :class:`RunGuard`: SIGTERM / SIGINT become a flag agreed over the ranks at each step boundary (the trainer then
@@ -25,9 +25,10 @@ from lf_parallel import DistContext, global_sum
 
 
 def nonfinite_step(trainer, reason: str, grad_norm: float) -> dict[str, float]:
-    """Apply ``train.on_nonfinite`` to ``trainer`` (a ``RecipeTrainer``) before its update is applied.
+    """Apply ``train.on_nonfinite`` to ``trainer`` (either trainer) before its update is applied.
 
-    Returns the step's scalars for ``skip``.
+    Returns the step's scalars for ``skip`` (with ``train/target_units`` 0: the recipe trainer's throughput
+    counts none; the VLA trainer drops the key).
 
     Raises:
         NonFiniteError: policy ``stop`` (weights, optimizer, schedule and checkpoints untouched), or ``rollback``
@@ -66,7 +67,8 @@ def check_finite_weights(module: nn.Module, ctx: DistContext, step: int, run_dir
 
 
 class RunGuard:
-    """SIGTERM / SIGINT flag and hang watchdog of one :meth:`RecipeTrainer.fit` call (a context manager).
+    """SIGTERM / SIGINT flag and hang watchdog of one :func:`lf_orchestrator.fit.fit_loop` call (a context
+    manager).
 
     Args:
         hang_timeout_s: ``train.hang_timeout_s`` (0: no watchdog).

@@ -181,6 +181,7 @@ def pipeline_train_step(trainer) -> dict[str, float]:
     micro-batches run by the pipeline schedule; returns the same scalars."""
     from lf_orchestrator.families._faults import nonfinite_step
     from lf_orchestrator.faults import nonfinite_reason
+    from lf_orchestrator.fit import apply_update
     from lf_orchestrator.recipe_trainer import clip_grad_norm
 
     plan, ctx, pipe = trainer.plan, trainer.ctx, trainer.pipe
@@ -202,12 +203,6 @@ def pipeline_train_step(trainer) -> dict[str, float]:
     bad = nonfinite_reason(loss_total, stats[1], check_grad=not trainer.scaler.enabled)
     if bad is not None:
         return nonfinite_step(trainer, bad, float(grad_norm))
-    trainer.scaler.step(trainer.optimizer)
-    skipped = trainer.scaler.update()
-    trainer.optimizer.zero_grad(set_to_none=True)
-    lr = trainer.scheduler.get_last_lr()[0]
-    if not skipped:
-        trainer.scheduler.step()
-    trainer.step += 1
+    lr = apply_update(trainer)
     return {"train/loss": float(loss_total / units), "train/grad_norm": float(grad_norm), "train/lr": lr,
             "train/target_units": float(units)}

@@ -1,0 +1,141 @@
+"""The fit loop of both trainers: steps, logging window, checkpoint cadence, faults, final save and summary.
+
+The VLA trainer of ``lf run`` (:class:`lf_orchestrator.trainer.Trainer`) and the llm / vlm / video
+:class:`lf_orchestrator.recipe_trainer.RecipeTrainer` differ in how a step is computed, not in how a run is
+driven; :func:`fit_loop` drives both, :func:`apply_update` ends a step the same way in both (and in the
+pipeline-parallel step, :mod:`lf_orchestrator.families._pipeline_step`), and :func:`lr_schedule` is their
+learning-rate schedule.
+
+Per step: ``trainer.train_step()``; every ``train.log_every`` steps (and the last) the scalars go to
+``metrics.jsonl`` / TensorBoard with the throughput of the window since the previous log line; every
+``train.ckpt_every`` steps (and the last) ``trainer.save()`` and ``loss_curve.png`` (rank 0). Faults
+(:mod:`lf_orchestrator.families._faults`): ``train.on_nonfinite = "rollback"`` saves step 0 first when the run
+has no checkpoint yet, and after a rollback (:class:`lf_orchestrator.faults.RolledBack`) the logs restart at
+the checkpoint's step; SIGTERM / SIGINT save the step and stop (the summary says ``preempted``, ``signal``,
+``exit_code`` 143 / 130); ``train.hang_timeout_s`` arms the hang watchdog, which beats once per step.
+
+A trainer passed here has ``cfg``, ``ctx``, ``run_dir``, ``step``, ``checkpointer``, ``train_step()`` (returns
+the step's scalars) and ``save()``; :func:`apply_update` also uses ``optimizer``, ``scheduler`` and ``scaler``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from lf_orchestrator.checkpoint import latest_checkpoint
+from lf_orchestrator.families._faults import RunGuard
+from lf_orchestrator.faults import RolledBack
+from lf_orchestrator.metrics import MetricsLogger, plot_loss_curve
+
+StepCallback = Callable[[int, dict[str, float]], None]
+"""``on_step(step, scalars)``: called on every rank after each finished step."""
+
+
+def lr_factor(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to ``min_ratio`` at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    frac = (step - warmup) / max(1, total - warmup)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+
+def lr_schedule(optimizer: torch.optim.Optimizer, train) -> torch.optim.lr_scheduler.LambdaLR:
+    """The LR schedule of ``train`` (the config's ``train`` section): :func:`lr_factor` times ``train.lr`` over
+    ``train.warmup_steps`` and ``train.steps``, down to ``train.min_lr_ratio``; stepped once per applied update."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(
+        step, warmup=train.warmup_steps, total=train.steps, min_ratio=train.min_lr_ratio))
+
+
+def apply_update(trainer) -> float:
+    """Apply the step's (unscaled, clipped, finite) gradients: optimizer step through the loss scaler, zeroed
+    gradients, the LR schedule advanced unless fp16 scaling skipped the update, ``trainer.step`` + 1.
+
+    Returns:
+        The learning rate the update used.
+    """
+    trainer.scaler.step(trainer.optimizer)  # skipped when fp16 gradients hold inf/NaN
+    skipped = trainer.scaler.update()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    lr = trainer.scheduler.get_last_lr()[0]
+    if not skipped:  # the schedule counts applied updates
+        trainer.scheduler.step()
+    trainer.step += 1
+    return lr
+
+
+def fit_loop(trainer, on_step: StepCallback | None = None, *, step_units: Callable[[dict[str, float]], float],
+             rate_key: str, loss_label: str, evaluate: Callable[[], dict[str, float]] | None = None,
+             summary: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train ``trainer`` until ``train.steps``, logging and checkpointing; returns the run's summary.
+
+    Args:
+        trainer: the run (see the module docstring for what it must have).
+        on_step: called after each finished step (on every rank) with the step and its scalars.
+        step_units: the units a step's scalars count for the throughput (tokens, target units).
+        rate_key: the scalar name of the throughput, units per second of the log window.
+        loss_label: the y axis of ``loss_curve.png``.
+        evaluate: held-out metrics computed after the final save unless preempted, logged at the last step and
+            returned as the summary's ``eval`` (absent from the summary when None).
+        summary: more summary fields, placed after ``final`` / ``eval``.
+
+    Returns:
+        ``steps``, ``resumed_from``, ``seconds``, ``final`` (the last step's scalars), [``eval``], ``summary``'s
+        fields, ``preempted``, and on preemption ``signal`` (``"SIGTERM"`` / ``"SIGINT"``) and ``exit_code``
+        (143 / 130). The last checkpoint is committed when this returns (also after an asynchronous save).
+
+    Raises:
+        NonFiniteError: ``train.on_nonfinite = "stop"`` on a NaN/inf step (before its update), rollback gave up,
+            or the weights to checkpoint hold NaN/inf.
+    """
+    t, ctx, run_dir = trainer.cfg.train, trainer.ctx, trainer.run_dir
+    logger = MetricsLogger(run_dir, start_step=trainer.step, enabled=ctx.is_main)
+    start, t0, last, evaluation = trainer.step, time.perf_counter(), {}, {}
+    window_units, window_t = 0.0, time.perf_counter()
+    guard = RunGuard(hang_timeout_s=t.hang_timeout_s, on_hang=t.on_hang, ctx=ctx, run_dir=run_dir,
+                     describe=lambda: f"last finished step {trainer.step}")
+    preempted = False
+    try:
+        with guard:
+            if t.on_nonfinite == "rollback" and latest_checkpoint(run_dir) is None:
+                trainer.save()  # something to roll back to
+            while trainer.step < t.steps:
+                try:
+                    last = trainer.train_step()
+                except RolledBack:  # continue from the checkpoint's step; its logs restart there
+                    logger.close()
+                    logger = MetricsLogger(run_dir, start_step=trainer.step, enabled=ctx.is_main)
+                    continue
+                window_units += step_units(last)
+                if trainer.step % t.log_every == 0 or trainer.step == t.steps:
+                    now = time.perf_counter()
+                    last[rate_key] = window_units / max(now - window_t, 1e-9)
+                    window_units, window_t = 0.0, now
+                    logger.log(trainer.step, last)
+                if on_step is not None:
+                    on_step(trainer.step, last)
+                saved = trainer.step % t.ckpt_every == 0 or trainer.step == t.steps
+                if saved:
+                    trainer.save()
+                    if ctx.is_main:
+                        plot_loss_curve(run_dir, loss_label)
+                if guard.step_done():  # SIGTERM / SIGINT on some rank: checkpoint this step, then stop
+                    if not saved:
+                        trainer.save()
+                    preempted = True
+                    break
+        trainer.checkpointer.close()
+        if evaluate is not None and not preempted:
+            evaluation = evaluate()
+            if evaluation:
+                logger.log(trainer.step, evaluation)
+    finally:
+        trainer.checkpointer.wait()  # a failed step still leaves the save in flight committed
+        logger.close()
+    return {"steps": trainer.step, "resumed_from": start, "seconds": time.perf_counter() - t0, "final": last,
+            **({"eval": evaluation} if evaluate is not None else {}), **(summary or {}), "preempted": preempted,
+            **({"signal": guard.signal.name, "exit_code": guard.signal.exit_code} if preempted else {})}

@@ -1,0 +1,116 @@
+"""The fit loop both trainers share (:func:`lf_orchestrator.fit.fit_loop`) on a scripted trainer without a model.
+
+Oracle: the contract the VLA and recipe trainers' own loops had before they were merged (their docstrings and
+`lf run`'s exit codes): log lines every ``log_every`` steps and at the last, with the window's throughput; a
+checkpoint every ``ckpt_every`` steps and at the last; SIGTERM / SIGINT save the step, skip the evaluation and
+report 143 / 130; ``rollback`` saves step 0 first and restarts the logs at the checkpoint's step. The expected
+step lists are written out by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from types import SimpleNamespace
+
+import pytest
+
+from lf_orchestrator.faults import RolledBack
+from lf_orchestrator.fit import fit_loop, lr_factor
+from lf_orchestrator.metrics import read_metrics
+
+
+class _Checkpointer:
+    def __init__(self):
+        self.closed = self.waited = 0
+
+    def close(self):
+        self.closed += 1
+
+    def wait(self):
+        self.waited += 1
+
+
+class _Trainer:
+    """``train_step`` returns fixed scalars (``rollback_at``: the first call at that step raises RolledBack after
+    going back to step 0, as ``nonfinite_step`` does); ``save`` records the step."""
+
+    def __init__(self, run_dir, *, steps, log_every=1, ckpt_every=100, on_nonfinite="skip", rollback_at=None):
+        self.cfg = SimpleNamespace(train=SimpleNamespace(
+            steps=steps, log_every=log_every, ckpt_every=ckpt_every, hang_timeout_s=0.0, on_hang="abort",
+            on_nonfinite=on_nonfinite))
+        self.ctx = SimpleNamespace(is_main=True, distributed=False, rank=0)
+        self.run_dir, self.step, self.saved = run_dir, 0, []
+        self.checkpointer = _Checkpointer()
+        self.rollback_at = rollback_at
+
+    def train_step(self):
+        if self.step == self.rollback_at:
+            self.rollback_at, self.step = None, 0
+            raise RolledBack("step-00000000")
+        self.step += 1
+        return {"train/loss": 1.0 / self.step, "train/target_units": 10.0}
+
+    def save(self):
+        self.saved.append(self.step)
+
+
+def _fit(trainer, on_step=None, evaluated=None):
+    def evaluate():
+        evaluated.append(trainer.step)
+        return {"eval/loss": 0.5}
+
+    return fit_loop(trainer, on_step, step_units=lambda s: s["train/target_units"], rate_key="perf/units_per_s",
+                    loss_label="loss", evaluate=None if evaluated is None else evaluate, summary={"plan": "dp=1"})
+
+
+def test_log_window_checkpoint_cadence_eval_and_summary(tmp_path):
+    """7 steps, logs every 3, checkpoints every 4: logs at 3, 6, 7 (with units/s), saves at 4 and 7, the
+    evaluation after the last save is logged at step 7; the summary's fields in the recipe trainer's order."""
+    trainer, evaluated = _Trainer(tmp_path, steps=7, log_every=3, ckpt_every=4), []
+    seen = []
+    summary = _fit(trainer, lambda step, s: seen.append(step), evaluated)
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [3, 6, 7, 7]
+    assert all(r["perf/units_per_s"] > 0 and r["train/target_units"] == 10.0 for r in records[:3])
+    assert records[3] == {"step": 7, "eval/loss": 0.5}
+    assert trainer.saved == [4, 7] and evaluated == [7] and seen == list(range(1, 8))
+    assert (tmp_path / "loss_curve.png").is_file()
+    assert (trainer.checkpointer.closed, trainer.checkpointer.waited) == (1, 1)
+    assert list(summary) == ["steps", "resumed_from", "seconds", "final", "eval", "plan", "preempted"]
+    assert summary["steps"] == 7 and summary["resumed_from"] == 0 and summary["eval"] == {"eval/loss": 0.5}
+    assert summary["final"]["train/loss"] == 1 / 7 and summary["plan"] == "dp=1" and not summary["preempted"]
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_saves_the_step_and_stops_without_eval(tmp_path, signum, code):
+    """A signal during step 2 (checkpoints every 5): step 2 is saved, the loop stops, no evaluation; the summary
+    names the signal and `lf run`'s exit code; the previous handlers are back."""
+    trainer, evaluated = _Trainer(tmp_path, steps=10, ckpt_every=5), []
+    before = signal.getsignal(signum)
+    summary = _fit(trainer, lambda step, _: os.kill(os.getpid(), signum) if step == 2 else None, evaluated)
+    assert trainer.saved == [2] and evaluated == [] and trainer.step == 2
+    assert summary["preempted"] and summary["signal"] == signal.Signals(signum).name
+    assert summary["exit_code"] == code and summary["eval"] == {}
+    assert signal.getsignal(signum) == before
+
+
+def test_rollback_saves_step_zero_and_restarts_the_logs(tmp_path):
+    """``rollback`` without a checkpoint saves step 0 first; a rollback to step 0 during step 3 drops the logged
+    steps 1-2 and the run logs 1..4 again; without ``evaluate`` the summary has no ``eval``."""
+    trainer = _Trainer(tmp_path, steps=4, on_nonfinite="rollback", rollback_at=2)
+    summary = fit_loop(trainer, step_units=lambda s: 1.0, rate_key="perf/tokens_per_s", loss_label="loss")
+    assert trainer.saved == [0, 4]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4]
+    assert "perf/tokens_per_s" in read_metrics(tmp_path)[0]
+    assert list(summary) == ["steps", "resumed_from", "seconds", "final", "preempted"]
+
+
+def test_lr_factor_warmup_then_cosine():
+    """Closed forms: (step + 1) / warmup during warm-up, 1 at its end, the midpoint of the cosine halfway, and
+    ``min_ratio`` from ``total`` on."""
+    kw = {"warmup": 4, "total": 14, "min_ratio": 0.1}
+    assert [lr_factor(s, **kw) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_factor(4, **kw) == 1.0
+    assert lr_factor(9, **kw) == pytest.approx(0.55)
+    assert lr_factor(14, **kw) == pytest.approx(0.1) and lr_factor(20, **kw) == pytest.approx(0.1)
