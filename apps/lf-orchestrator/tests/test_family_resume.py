@@ -12,6 +12,7 @@ leaves), except in the SIGKILL test, where the process group really is killed wh
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -193,6 +194,30 @@ def test_zero3_checkpoint_resumes_under_tp(job):
         assert abs(got[step] - ref[step]) <= 1e-6 * abs(ref[step]), (step, got, ref)
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from ``/proc/*/stat``'s parent ids)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and all its descendants, as a scheduler ending the job does."""
+    for p in [pid, *_descendants(pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+
+
 def test_sigkill_during_save_keeps_previous_checkpoint(job):
     """SIGKILL of the whole job (torchrun and both ranks) while the step-4 save stalls between its shards and
     its marker: step 3 stays ``latest`` and complete, step 4 is only a ``.tmp`` folder that is never loaded; the
@@ -209,7 +234,7 @@ def test_sigkill_during_save_keeps_previous_checkpoint(job):
             time.sleep(0.2)
         assert signal_file.exists(), f"the step-4 save never stalled (exit code {proc.poll()})"
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill_tree(proc.pid)  # torchrun starts its ranks in their own sessions: kill each descendant
         proc.wait(timeout=60)
     ckpts = run_dir / "checkpoints"
     tmp4 = Path(signal_file.read_text())
