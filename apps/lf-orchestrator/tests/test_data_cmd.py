@@ -62,3 +62,21 @@ def test_unknown_layout_and_metaworld_still_registered(tmp_path):
     res = runner.invoke(app, ["data", "inspect", str(tmp_path)])
     assert res.exit_code == 2 and "unknown dataset layout" in res.output
     assert runner.invoke(app, ["data", "metaworld", "--help"]).exit_code == 0
+
+
+def test_inspect_notes_missing_stats_without_failing(v21, tmp_path):
+    """Oracle: the converted LeRobot v3.0 folder with meta/stats.json deleted: the report carries one note naming
+    the file (exit 0, not "no problems" alone); with the file present there is no note."""
+    out = runner.invoke(app, ["data", "convert", str(v21), str(tmp_path / "v3")])
+    assert out.exit_code == 0, out.output
+    rep = json.loads(runner.invoke(app, ["data", "inspect", str(tmp_path / "v3"), "--json"]).stdout)
+    assert rep["problems"] == [] and rep["notes"] == []
+    stats = tmp_path / "v3" / "meta" / "stats.json"
+    stats.unlink()
+    res = runner.invoke(app, ["data", "inspect", str(tmp_path / "v3"), "--json"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.stdout)
+    assert rep["problems"] == [] and len(rep["notes"]) == 1 and rep["notes"][0].startswith(f"{stats} is missing")
+    res = runner.invoke(app, ["data", "inspect", str(tmp_path / "v3")])
+    text = " ".join(res.stdout.split())
+    assert res.exit_code == 0 and "no problems found, 1 note:" in text and "stats.json is missing" in text

@@ -147,3 +147,19 @@ def test_convert_round_trip_for_every_peer_recipe(tmp_path, recipe):
     assert sorted(back) == sorted(state)
     assert all(torch.equal(back[k], state[k]) for k in state)
     assert json.loads((tmp_path / "back" / "model.json").read_text())["recipe"] == recipe
+
+
+def test_ir_show_llama3_defaults_to_typical_training_length():
+    """Oracle: the explicit `--seq 8192` run (same numbers) and the PaLM formula at S = 8192, not the model's
+    131072 maximum; the text output says where the default comes from."""
+    default = runner.invoke(app, ["ir", "show", "--recipe", "llama3", "--size", "8B", "--json"])
+    explicit = runner.invoke(app, ["ir", "show", "--recipe", "llama3", "--size", "8B", "--seq", "8192", "--json"])
+    assert default.exit_code == 0 and explicit.exit_code == 0, default.output
+    d, e = json.loads(default.output), json.loads(explicit.output)
+    assert d["tokens_per_sample"] == 8192 and d["train_flops_per_token"] == e["train_flops_per_token"]
+    assert d["tokens_per_sample_from"] == "llama3's typical training length; the model allows up to 131,072"
+    assert e["tokens_per_sample_from"] == "--seq"
+    text = runner.invoke(app, ["ir", "show", "--recipe", "llama3", "--size", "8B"]).output
+    assert "8,192 tokens per sample" in text and "the default: llama3's typical training length" in text
+    tiny = json.loads(runner.invoke(app, ["ir", "show", "--recipe", "llama3", "--size", "tiny", "--json"]).output)
+    assert tiny["tokens_per_sample"] == 256  # capped at the tiny model's max_seq_len

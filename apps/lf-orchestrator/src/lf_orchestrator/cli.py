@@ -98,12 +98,16 @@ def _new_run_dir(cfg, ctx) -> Path:
 def print_eval(report: dict) -> None:
     """The success table of an evaluation report."""
     table = Table(title="Closed-loop success (Meta-World)")
-    for col in ("task", "episodes", "VLA", "random policy"):
+    bc = any("bc_mlp_success" in row for row in report["tasks"])
+    for col in ("task", "episodes", "VLA", "random policy") + (("BC MLP",) if bc else ()):
         table.add_column(col, justify="right" if col != "task" else "left")
+
+    def pct(value) -> str:
+        return "-" if value is None else f"{100 * value:.0f}%"
+
     for row in report["tasks"]:
-        rnd = row.get("random_success")
-        table.add_row(row["task"], str(row["episodes"]), f"{100 * row['vla_success']:.0f}%",
-                      "-" if rnd is None else f"{100 * rnd:.0f}%")
+        cells = [row["task"], str(row["episodes"]), pct(row["vla_success"]), pct(row.get("random_success"))]
+        table.add_row(*cells, *((pct(row.get("bc_mlp_success")),) if bc else ()))
     Console().print(table)
 
 
@@ -145,15 +149,23 @@ def run(config: Annotated[Optional[Path], typer.Argument(
         ctx = init_distributed(cfg.run.device)
     except ValueError as err:
         _fail(str(err))
-    try:
-        if run_dir is not None:
-            resume = _resume_point(run_dir, ctx)
-        if cfg.model.recipe in FAMILY_RECIPES:  # llm / vlm / video: the recipe trainer
-            from lf_orchestrator.recipe_trainer import run_family
+    from lf_orchestrator.run_folder import RunFolder
 
-            run_family(cfg, ctx, resume, run_dir, console, _new_run_dir)
-        else:
-            _train_and_eval(cfg, ctx, resume, run_dir)
+    try:  # the folder is locked for the run (rank 0) and removed if the run fails leaving only its config
+        with RunFolder(ctx) as folder:
+            if run_dir is not None:
+                folder.claim(run_dir, created=False)
+                resume = _resume_point(run_dir, ctx)
+            elif resume is not None:
+                folder.claim(resume, created=False)
+            else:
+                run_dir = folder.claim(_new_run_dir(cfg, ctx), created=True)
+            if cfg.model.recipe in FAMILY_RECIPES:  # llm / vlm / video: the recipe trainer
+                from lf_orchestrator.recipe_trainer import run_family
+
+                run_family(cfg, ctx, resume, run_dir, console, _new_run_dir)
+            else:
+                _train_and_eval(cfg, ctx, resume, run_dir)
     except (ConfigError, PlanError, IRError, ValueError, FileNotFoundError) as err:
         _fail(str(err))
     finally:
@@ -174,9 +186,9 @@ def _resume_point(run_dir: Path, ctx) -> Optional[Path]:
 
 def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = None) -> None:
     import msgspec
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from lf_orchestrator.checkpoint import write_text_atomic
+    from lf_orchestrator.progress import TrainProgress
     from lf_orchestrator.trainer import Trainer
 
     # Resolve the dataset path now, so a resumed or evaluated run finds it from any folder.
@@ -190,16 +202,9 @@ def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = 
         console.print(f"run folder: [bold]{run_dir}[/]")
         if resume is None:
             write_text_atomic(run_dir / "config.toml", to_toml(cfg))
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
-                        console=console, disable=not ctx.is_main, transient=False)
-    with progress:
-        gen = progress.add_task("demonstrations", total=None, info="", visible=False)
-
-        def on_data(done: int, total: int) -> None:
-            progress.update(gen, completed=done, total=total, visible=True)
-
-        trainer = Trainer(cfg, run_dir, ctx, resume=resume is not None, data_progress=on_data)
+    # a rich bar on a terminal, plain lines every train.log_every steps when the output is redirected
+    with TrainProgress(console, enabled=ctx.is_main, log_every=cfg.train.log_every) as progress:
+        trainer = Trainer(cfg, run_dir, ctx, resume=resume is not None, data_progress=progress.data)
         if ctx.is_main and resume is not None:  # the checkpoint loaded: keep the overrides
             write_text_atomic(run_dir / "config.toml", to_toml(cfg))
             console.print(f"resumed from step {trainer.step} of {cfg.train.steps}")
@@ -216,17 +221,8 @@ def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = 
                  "recomputed_blocks": trainer.recomputed}))
             console.print(f"plan: {trainer.plan.describe()} on {ctx.device}, "
                           f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters")
-        bar = progress.add_task("training", total=cfg.train.steps, completed=trainer.step,
-                                info="")
-        speed = {"tok": 0.0}
-
-        def on_step(step: int, s: dict) -> None:
-            speed["tok"] = s.get("perf/tokens_per_s", speed["tok"])
-            acc = f"acc {s['train/token_accuracy']:.2f} " if "train/token_accuracy" in s else ""
-            progress.update(bar, completed=step, info=f"loss {s['train/loss']:.3f} "
-                            f"{acc}{speed['tok']:,.0f} tok/s")
-
-        summary = trainer.fit(on_step)
+        progress.start(cfg.train.steps, trainer.step)
+        summary = trainer.fit(progress.step)
     if summary.get("preempted"):
         if ctx.is_main:
             console.print(f"{summary.get('signal', 'SIGTERM')}: saved step {summary['steps']} and stopped; "
@@ -250,6 +246,12 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
                  help="Episodes per task (default: the run's eval.episodes).")] = None,
              tasks: Annotated[Optional[str], typer.Option(help="Comma-separated tasks.")] = None,
              random: Annotated[bool, typer.Option(help="Measure the random baseline.")] = True,
+             baseline: Annotated[Optional[list[str]], typer.Option(
+                 help="Also measure this baseline (repeatable): bc-mlp, a behaviour-cloning MLP on state + task "
+                      "one-hot, trained on the run's data for the VLA's training time (kept in RUN/bc_mlp/).")] = None,
+             bc_seconds: Annotated[Optional[float], typer.Option(
+                 help="Train the BC MLP this many seconds instead of summary.json's VLA training time (a run "
+                      "trained over several sessions: the summary times only the last).")] = None,
              device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto"):
     """Run a trained VLA closed-loop in Meta-World and report success per task."""
     if not (run_dir / "config.toml").is_file():
@@ -257,6 +259,8 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
               else f"{run_dir}: no such folder")
     if episodes is not None and episodes < 1:
         _fail(f"--episodes must be >= 1, got {episodes}")
+    if bc_seconds is not None and not bc_seconds > 0:
+        _fail(f"--bc-seconds must be > 0, got {bc_seconds}")
     try:
         recipe = load_config(run_dir / "config.toml").model.recipe
     except ConfigError as err:
@@ -277,7 +281,7 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
     try:
         report = evaluate_run(run_dir, device=dev, episodes=episodes,
                               tasks=tasks.split(",") if tasks else None, random_baseline=random,
-                              out_name=out_name)
+                              out_name=out_name, baselines=baseline or (), bc_seconds=bc_seconds)
     except (FileNotFoundError, ConfigError, ValueError) as err:
         _fail(str(err))
     print_eval(report)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+import typing
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -211,7 +212,47 @@ _UNKNOWN = re.compile(r"Object contains unknown field `(?P<field>[^`]+)`(?: - at
 _AT = re.compile(r"(?P<msg>.*?)(?: - at `\$\.?(?P<at>[^`]*)`)?$")
 
 
-def _explain(err: msgspec.ValidationError, where: str) -> ConfigError:
+_ENUM = re.compile(r"Invalid enum value (?P<value>.+?) - at `\$\.(?P<at>[^`]+)`")
+
+
+def literal_choices(root: type, key: str) -> tuple[Any, ...] | None:
+    """The accepted values of the ``Literal`` field at dotted ``key`` (e.g. ``memory.recompute``) of msgspec struct
+    ``root``, or None when ``key`` is not such a field."""
+    tp: Any = root
+    for part in key.split("."):
+        if not (isinstance(tp, type) and issubclass(tp, msgspec.Struct)):
+            return None
+        hints = typing.get_type_hints(tp)
+        if part not in hints:
+            return None
+        tp = hints[part]
+    return typing.get_args(tp) if typing.get_origin(tp) is Literal else None
+
+
+def _expected_one_of(choices: tuple[Any, ...]) -> str:
+    return "one of " + ", ".join(repr(c) for c in choices)
+
+
+def explain_enum(text: str, root: type) -> str:
+    """``text`` with msgspec's ``Invalid enum value 'x' - at `$.key``` rewritten to name the key and list the
+    accepted values of ``root``'s field (e.g. a plan string's ``pp_schedule``); other text unchanged."""
+    def sub(m: re.Match) -> str:
+        choices = literal_choices(root, m["at"])
+        return m[0] if choices is None else f"{m['at']}: expected {_expected_one_of(choices)}, got {m['value']}"
+
+    return _ENUM.sub(sub, text)
+
+
+def _lookup(tree: dict[str, Any], key: str) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _explain(err: msgspec.ValidationError, where: str, tree: dict[str, Any] | None = None) -> ConfigError:
     text = str(err)
     m = _UNKNOWN.match(text)
     if m:
@@ -220,6 +261,9 @@ def _explain(err: msgspec.ValidationError, where: str) -> ConfigError:
     m = _AT.match(text)
     at = (m["at"] or "").replace("[", ".").replace("]", "") if m else ""
     msg = m["msg"] if m else text
+    choices = literal_choices(Config, at) if at else None
+    if choices is not None:  # enum fields: list what is accepted
+        return ConfigError(f"{where}: {at}: expected {_expected_one_of(choices)}, got {_lookup(tree or {}, at)!r}")
     return ConfigError(f"{where}: {at or 'config'}: {msg.lower().replace('`', '')}")
 
 
@@ -254,7 +298,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     try:
         cfg = msgspec.convert(tree, Config)
     except msgspec.ValidationError as err:
-        raise _explain(err, where) from None
+        raise _explain(err, where, tree) from None
     return check_config(cfg, where)
 
 
@@ -378,5 +422,8 @@ def to_toml(cfg: Config) -> str:
 
 
 def json_schema() -> dict[str, Any]:
-    """JSON Schema of the config (``lf config schema``)."""
-    return msgspec.json.schema(Config)
+    """JSON Schema of the config (``lf config schema``), each field's docstring as its ``description``
+    (see :mod:`lf_orchestrator.config_schema`)."""
+    from lf_orchestrator.config_schema import schema_with_docs
+
+    return schema_with_docs(Config)

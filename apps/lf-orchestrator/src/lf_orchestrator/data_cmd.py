@@ -1,7 +1,8 @@
 """`lf data metaworld|inspect|convert`: make, check and convert robot datasets (lf-data).
 
 Registered in cli.py with ``app.add_typer(data_app, name="data")``. ``inspect``
-prints a table (or ``--json``) and exits 1 when it found problems; ``convert``
+prints a table (or ``--json``) and exits 1 when it found problems (notes, such as
+missing stored statistics, are printed but do not fail it); ``convert``
 writes a LeRobot v3.0 folder and lists what it skipped.
 """
 
@@ -59,7 +60,9 @@ def _fmt(values: list, n: int = 4) -> str:
 @data_app.command("inspect")
 def data_inspect(path: Annotated[Path, typer.Argument(help="Dataset folder (LeRobot v2.1/v3.0, RLDS, RLBench).")],
                  as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False):
-    """Report format, episodes, frames, features, statistics and problems; exit 1 if problems were found."""
+    """Report format, episodes, frames, features, statistics, problems and notes; exit 1 if problems were found.
+
+    Notes (e.g. a LeRobot dataset without ``meta/stats.json``) are printed but do not fail the command."""
     from lf_data._inspect import inspect_dataset
 
     try:
@@ -81,12 +84,17 @@ def data_inspect(path: Annotated[Path, typer.Argument(help="Dataset folder (LeRo
             cells = [_fmt(st[s]) for s in ("mean", "std", "min", "max")] if st else ["-"] * 4
             table.add_row(key, ft["dtype"], str(tuple(ft["shape"])), *cells)
         out.print(table)
+        notes = report.get("notes", [])
         if report["problems"]:
             out.print(f"[bold red]{len(report['problems'])} problems[/] (skipped: {report['skipped']}):")
             for p in report["problems"]:
                 out.print(f"  - {p}", highlight=False, soft_wrap=True)
         else:
-            out.print("no problems found")
+            out.print("no problems found" + (f", {len(notes)} note{'s' * (len(notes) > 1)}:" if notes else ""))
+        if notes and report["problems"]:
+            out.print(f"[bold yellow]{len(notes)} note{'s' * (len(notes) > 1)}[/] (not errors):")
+        for n in notes:
+            out.print(f"  - [yellow]note:[/] {n}", highlight=False, soft_wrap=True)
     if report["problems"]:
         raise typer.Exit(1)
 

@@ -6,7 +6,9 @@ from noise and unnormalized by the action mean/std) and executes it in the
 simulator (open-loop within the chunk, as in ACT / OpenVLA-OFT chunking). Episodes
 of one task run as a batch of environments stepped in lock-step, so one
 model call serves every active episode. A uniform random policy is measured
-with the same seeds as the baseline.
+with the same seeds as the baseline, and on request (``baselines=["bc-mlp"]``) a
+behaviour-cloning MLP trained on the same data for the same time
+(:mod:`lf_orchestrator.baselines`), through the same :func:`rollout`.
 """
 
 from __future__ import annotations
@@ -140,21 +142,37 @@ def rollout(policy: Policy, task: str, *, episodes: int, seed: int, max_steps: i
     return results
 
 
-def _random_baseline(tasks: list[str], action_dim: int, horizon: int, kw: dict[str, Any]
-                     ) -> dict[str, list[bool]]:
-    """Random-policy rollouts for every task (run in a worker process)."""
+def _baselines(tasks: list[str], action_dim: int, horizon: int, kw: dict[str, Any], random: bool,
+               bc_run_dir: str | None) -> dict[str, dict[str, list[bool]]]:
+    """Rollouts of the random policy and the BC MLP of ``bc_run_dir`` for every task (run in a worker process)."""
     torch.set_num_threads(1)
-    return {task: rollout(RandomPolicy(action_dim, horizon, kw["seed"]), task, **kw)
-            for task in tasks}
+    out: dict[str, dict[str, list[bool]]] = {}
+    if random:
+        out["random"] = {task: rollout(RandomPolicy(action_dim, horizon, kw["seed"]), task, **kw) for task in tasks}
+    if bc_run_dir is not None:
+        from lf_orchestrator.baselines import BCMLPPolicy
+
+        bc = BCMLPPolicy.from_run(Path(bc_run_dir))
+        out["bc_mlp"] = {task: rollout(bc, task, **kw) for task in tasks}
+    return out
 
 
 def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = None,
                  tasks: Sequence[str] | None = None, random_baseline: bool | None = None,
-                 out_name: str = "eval.json") -> dict[str, Any]:
+                 out_name: str = "eval.json", baselines: Sequence[str] = (),
+                 bc_seconds: float | None = None) -> dict[str, Any]:
     """Closed-loop success per task for a run (and the random baseline); writes ``out_name``.
 
     The random baseline runs in a second process while the VLA is evaluated here, so a
-    two-core machine evaluates both in the time of one.
+    two-core machine evaluates both in the time of one. ``baselines`` may name ``"bc-mlp"``:
+    the behaviour-cloning MLP of :mod:`lf_orchestrator.baselines`, trained first for the VLA's
+    training time (or ``bc_seconds``: a VLA run trained over several sessions, whose ``summary.json``
+    times only the last) unless ``RUN/bc_mlp/`` holds one, rolled out in the same worker with the same
+    seeds; its rows get ``bc_mlp_success`` and the report its training record under ``bc_mlp``.
+
+    Raises:
+        ValueError: an unknown task or baseline name.
+        FileNotFoundError: no checkpoint, or (for ``bc-mlp``) no ``summary.json`` to time its training.
     """
     run_dir = Path(run_dir)
     cfg = load_config(run_dir / "config.toml")
@@ -166,25 +184,43 @@ def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = 
     unknown = [t for t in tasks if t not in METAWORLD_INSTRUCTIONS]
     if unknown:
         raise ValueError(f"--tasks: unknown Meta-World task {unknown[0]!r}")
+    from lf_orchestrator.baselines import BASELINES, BC_DIR, train_bc_mlp
+
+    wrong = [b for b in baselines if b not in BASELINES]
+    if wrong:
+        raise ValueError(f"--baseline: unknown baseline {wrong[0]!r} (known: {', '.join(BASELINES)})")
+    bc_record = None
+    if "bc-mlp" in baselines:
+        record_path = run_dir / BC_DIR / "bc_mlp.json"
+        saved = record_path.is_file() and (run_dir / BC_DIR / "model.safetensors").is_file()
+        bc_record = (json.loads(record_path.read_text()) if saved
+                     else train_bc_mlp(run_dir, cfg=cfg, seconds=bc_seconds))
     policy = VLAPolicy.from_run(run_dir, device, cfg)
     baseline = e.random_baseline if random_baseline is None else random_baseline
     kw = dict(episodes=episodes, seed=e.seed, max_steps=e.max_steps,
               image_size=cfg.data.image_size)
     t0 = time.perf_counter()
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        pending = pool.submit(_random_baseline, tasks, policy.model.cfg.action_dim,
-                              policy.horizon, kw) if baseline else None
+        pending = pool.submit(_baselines, tasks, policy.model.cfg.action_dim, policy.horizon, kw, baseline,
+                              str(run_dir) if bc_record is not None else None
+                              ) if baseline or bc_record is not None else None
         vla = {task: rollout(policy, task, **kw) for task in tasks}
-        rnd = pending.result() if pending is not None else {}
+        others = pending.result() if pending is not None else {}
+    rnd, bc = others.get("random", {}), others.get("bc_mlp", {})
     rows = []
     for task in tasks:
         row = {"task": task, "episodes": episodes, "vla_success": sum(vla[task]) / episodes,
                "vla_successes": [bool(x) for x in vla[task]]}
         if task in rnd:
             row["random_success"] = sum(rnd[task]) / episodes
+        if task in bc:
+            row["bc_mlp_success"] = sum(bc[task]) / episodes
+            row["bc_mlp_successes"] = [bool(x) for x in bc[task]]
         rows.append(row)
     report = {"run_dir": str(run_dir), "checkpoint": str(latest_checkpoint(run_dir)),
               "eval_seed": e.seed, "max_steps": e.max_steps, "seconds": time.perf_counter() - t0,
               "tasks": rows}
+    if bc_record is not None:
+        report["bc_mlp"] = {k: v for k, v in bc_record.items() if k != "loss_curve"}
     write_text_atomic(run_dir / out_name, json.dumps(report, indent=1))
     return report

@@ -25,6 +25,28 @@ def _recipe_module(recipe: str):
     return RECIPES[recipe]
 
 
+TYPICAL_TRAIN_SEQ = {"llama3": 8192}
+"""Tokens per sample `lf ir show` uses by default, per recipe: the length the family is typically trained at
+(Llama 3 pre-training: 8192, the context before long-context extension; arXiv 2407.21783 section 3.4), not the
+model's maximum. Recipes not listed use their graph's own ``seq_len``."""
+
+
+def default_seq(recipe: str, cfg: Any) -> tuple[Optional[int], str]:
+    """(``--seq`` to use when none is given, a note saying where it comes from) for ``recipe``'s config ``cfg``.
+
+    The typical training length of :data:`TYPICAL_TRAIN_SEQ`, capped at the model's ``max_seq_len``; None (the
+    graph's ``seq_len``) for other recipes.
+    """
+    typical = TYPICAL_TRAIN_SEQ.get(recipe)
+    longest = getattr(cfg, "max_seq_len", None)
+    if typical is None:
+        return None, "the recipe graph's sequence length"
+    if longest is not None and longest < typical:
+        return longest, f"the model's maximum length ({recipe}'s typical training length {typical:,} is longer)"
+    limit = f"; the model allows up to {longest:,}" if longest is not None else ""
+    return typical, f"{recipe}'s typical training length{limit}"
+
+
 def build_recipe_graph(recipe: str, size: str, seq: Optional[int]):
     """(recipe config, IR graph, main component name) for any recipe of ``lf_ir.recipes.RECIPES``.
 
@@ -76,7 +98,11 @@ def show(recipe: Annotated[str, typer.Option(help="Recipe name (any of lf_ir.rec
 
     if batch <= 0 or dtype_bytes <= 0:
         _fail(f"--batch and --dtype-bytes must be positive, got {batch} and {dtype_bytes}")
+    seq_note = "--seq"
     try:
+        if seq is None:
+            cfg, _, _ = build_recipe_graph(recipe, size, None)
+            seq, seq_note = default_seq(recipe, cfg)
         cfg, graph, main = build_recipe_graph(recipe, size, seq)
     except ValueError as err:
         _fail(str(err))
@@ -86,7 +112,8 @@ def show(recipe: Annotated[str, typer.Option(help="Recipe name (any of lf_ir.rec
     fwd, bwd = per_sample.total("forward_flops"), per_sample.total("backward_flops")
     totals: dict[str, Any] = {
         "recipe": recipe, "size": size, "batch": batch, "dtype_bytes": dtype_bytes,
-        "main_component": main, "tokens_per_sample": tokens, "params": per_sample.total("params"),
+        "main_component": main, "tokens_per_sample": tokens, "tokens_per_sample_from": seq_note,
+        "params": per_sample.total("params"),
         "forward_flops_per_sample": fwd, "train_flops_per_sample": fwd + bwd,
         "forward_flops_per_token": fwd / tokens, "train_flops_per_token": (fwd + bwd) / tokens,
         "forward_flops_unmasked_per_sample": per_sample.total("forward_flops_unmasked"),
@@ -97,6 +124,12 @@ def show(recipe: Annotated[str, typer.Option(help="Recipe name (any of lf_ir.rec
                           "config": msgspec.to_builtins(cfg), "graph": json.loads(to_json(graph))}))
         return
     print(f"{recipe} {size}: {totals['params']:,} parameters; {tokens:,} tokens per sample ({main!r})")
+    if seq_note != "--seq":
+        import inspect
+
+        takes_seq = "seq_len" in inspect.signature(_recipe_module(recipe).build_graph).parameters
+        print(f"tokens per sample: {tokens:,}, the default: {seq_note}"
+              + (" (--seq to change)" if takes_seq else " (fixed by the recipe config)"))
     print(f"FLOPs per sample: forward {fwd:.4g}, forward + backward {fwd + bwd:.4g} (dense attention)")
     print(f"FLOPs per token:  forward {fwd / tokens:.4g}, forward + backward {(fwd + bwd) / tokens:.4g}")
     print(cost_table(cost))

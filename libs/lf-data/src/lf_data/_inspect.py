@@ -50,6 +50,20 @@ def _check_stats(stored: dict | None, recomputed: dict, where: str, problems: li
                                 f"{b.tolist()[:4]}")
 
 
+def _stats_notes(root: Path, fmt_name: str) -> list[str]:
+    """Non-fatal findings about the stored statistics: a dataset without them reads, but cannot train as is."""
+    stats = root / "meta/stats.json"
+    if stats.is_file():
+        return []
+    if fmt_name == "lerobot-v3.0":
+        return [f"{stats} is missing: the dataset reads, but training (action normalization) and action tokenizer "
+                f"fitting need it; the statistics above are recomputed from the frames and not checked"]
+    if (root / "meta/episodes_stats.jsonl").is_file():
+        return []
+    return [f"{stats} and {root / 'meta/episodes_stats.jsonl'} are missing: no stored statistics to check; "
+            f"converting to LeRobot v3.0 writes them"]
+
+
 def _inspect_lerobot(root: Path, fmt_name: str) -> dict:
     from ._lerobot_stream import LeRobotStream
 
@@ -76,7 +90,7 @@ def _inspect_lerobot(root: Path, fmt_name: str) -> dict:
     return {"format": fmt_name, "episodes": len(ds.meta.episodes), "frames": int(ds.meta.info.get("total_frames", 0)),
             "frames_read": frames, "fps": ds.meta.fps, "tasks": len(ds.meta.tasks),
             "features": {k: {"dtype": ft["dtype"], "shape": list(ft["shape"])} for k, ft in ds.meta.features.items()},
-            "stats": stats, "skipped": skipped, "problems": problems}
+            "stats": stats, "skipped": skipped, "problems": problems, "notes": _stats_notes(root, fmt_name)}
 
 
 def _open_robot(root: Path, fmt_name: str, on_error: str):
@@ -98,7 +112,9 @@ def inspect_dataset(path: str | Path) -> dict:
     Returns:
         ``{"format", "episodes", "frames", "frames_read", "fps", "tasks", "features":
         {name: {dtype, shape}}, "stats": {name: compute_stats(...)}, "skipped":
-        {reason: count}, "problems": [message, ...]}``.
+        {reason: count}, "problems": [message, ...], "notes": [message, ...]}``. ``problems`` are damage
+        (unreadable episodes, stored statistics that disagree with the frames); ``notes`` are findings that do
+        not make the dataset wrong but matter to its use (e.g. a LeRobot dataset without ``meta/stats.json``).
 
     Raises:
         DataError: unknown layout or unreadable metadata.
@@ -113,7 +129,7 @@ def inspect_dataset(path: str | Path) -> dict:
                                       for k, v in first.items() if hasattr(v, "dtype")}
     return {"format": fmt_name, "episodes": ds.num_episodes + sum(ds.skipped.values()), "frames": len(ds),
             "frames_read": len(ds), "fps": None, "tasks": len(getattr(ds, "tasks", [])), "features": feats,
-            "stats": getattr(ds, "stats", {}), "skipped": ds.skipped, "problems": ds.problems}
+            "stats": getattr(ds, "stats", {}), "skipped": ds.skipped, "problems": ds.problems, "notes": []}
 
 
 def _robot_episodes(ds) -> Iterator[dict]:

@@ -36,7 +36,10 @@ def check_family_config(cfg, where: str) -> None:
         try:
             parse_plan(cfg.parallel.spec)
         except PlanError as err:
-            raise ConfigError(f"{where}: parallel.spec: {err}") from None
+            from lf_orchestrator.config import explain_enum
+            from lf_parallel import Plan
+
+            raise ConfigError(f"{where}: parallel.spec: {explain_enum(str(err), Plan)}") from None
     if m.recipe == "llama3":
         c = cfg.corpus
         for key, value, low in (("corpus.max_chars", c.max_chars, 1000), ("corpus.seq_len", c.seq_len, 8),

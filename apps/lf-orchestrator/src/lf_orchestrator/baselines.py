@@ -1,0 +1,219 @@
+"""A behaviour-cloning MLP baseline for a Meta-World VLA run (``lf eval RUN --baseline bc-mlp``).
+
+The MLP sees what an MLP can use well of the VLA's observation: the standardized
+39-d state (the run's own state mean/std) and a one-hot of the task (the
+instruction's index in the dataset's task list); no image, no instruction words.
+It predicts the whole normalized action chunk ``(horizon, action_dim)`` in one
+shot, trained with a mean-squared error over the real (not padded) steps, in the
+VLA run's action normalization: the dataset mean/std z-score for a ``vla_flow``
+run, the binning tokenizer's [-1, 1] bounds (``q01_q99`` / ``min_max``) for a
+token ``vla`` run. It trains on the run's dataset for the same wall-clock time as
+the VLA run trained (``summary.json`` ``seconds``), then acts through
+:func:`lf_orchestrator.evaluate.rollout` like the VLA and the random policy
+(the behaviour-cloning baseline of Mandlekar et al., "What Matters in Learning
+from Offline Human Demonstrations for Robot Manipulation", CoRL 2021, without images).
+
+Written to ``RUN/bc_mlp/``: ``model.safetensors``, ``bc_mlp.json`` (sizes,
+normalization, training time, steps and the loss curve).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from lf_data import LeRobotDataset
+from lf_orchestrator import assembly
+from lf_orchestrator.checkpoint import write_text_atomic
+from lf_orchestrator.config import Config, load_config
+
+BASELINES = ("bc-mlp",)
+"""Names accepted by ``lf eval --baseline``."""
+
+BC_DIR = "bc_mlp"
+
+
+class BCMLP(nn.Module):
+    """State + task one-hot -> normalized action chunk.
+
+    Args:
+        state_dim: ``S``. n_tasks: ``T`` (one-hot width). action_dim: ``A``. horizon: ``H``.
+        hidden: width of the ``layers`` hidden layers (GELU, LayerNorm before each activation).
+
+    Shapes: ``forward(state (n, S) float32 standardized, task_onehot (n, T) float32) -> (n, H, A)``.
+    """
+
+    def __init__(self, state_dim: int, n_tasks: int, action_dim: int, horizon: int, *, hidden: int = 256,
+                 layers: int = 3):
+        super().__init__()
+        self.sizes = {"state_dim": state_dim, "n_tasks": n_tasks, "action_dim": action_dim, "horizon": horizon,
+                      "hidden": hidden, "layers": layers}
+        mods: list[nn.Module] = []
+        width = state_dim + n_tasks
+        for _ in range(layers):
+            mods += [nn.Linear(width, hidden), nn.LayerNorm(hidden), nn.GELU()]
+            width = hidden
+        mods.append(nn.Linear(width, horizon * action_dim))
+        self.net = nn.Sequential(*mods)
+        self.horizon, self.action_dim = horizon, action_dim
+
+    def forward(self, state: torch.Tensor, task_onehot: torch.Tensor) -> torch.Tensor:
+        out = self.net(torch.cat([state, task_onehot], dim=-1))
+        return out.view(-1, self.horizon, self.action_dim)
+
+
+class ActionNormalizer:
+    """The VLA run's action normalization: z-score (``vla_flow``) or tokenizer bounds to [-1, 1] (``vla``)."""
+
+    def __init__(self, encoder: Any):
+        self.encoder = encoder
+        self.kind = "mean_std" if hasattr(encoder, "action_mean") else "bounds"
+
+    def normalize(self, actions: np.ndarray) -> np.ndarray:
+        """Actions (..., A) in action units -> float32 normalized units."""
+        if self.kind == "mean_std":
+            return ((actions - self.encoder.action_mean) / self.encoder.action_std).astype(np.float32)
+        return self.encoder.action_tokenizer.normalize(actions).astype(np.float32)
+
+    def unnormalize(self, normalized: np.ndarray) -> np.ndarray:
+        """Normalized (..., A) -> float64 action units."""
+        if self.kind == "mean_std":
+            return normalized.astype(np.float64) * self.encoder.action_std + self.encoder.action_mean
+        return self.encoder.action_tokenizer.unnormalize(np.clip(normalized, -1.0, 1.0))
+
+
+def _arrays(dataset: LeRobotDataset, encoder: Any, norm: ActionNormalizer) -> dict[str, torch.Tensor]:
+    """Every frame's standardized state, task index, normalized action chunk and real-step mask."""
+    samples = [dataset[i] for i in range(len(dataset))]
+    states = np.stack([s["state"].numpy() for s in samples])
+    actions = np.stack([s["actions"].numpy() for s in samples])  # (N, H, A)
+    return {"state": torch.from_numpy((states - encoder.state_mean) / encoder.state_std).float(),
+            "task": torch.tensor([s["task_index"] for s in samples]),
+            "actions": torch.from_numpy(norm.normalize(actions)),
+            "mask": ~torch.from_numpy(np.stack([s["action_is_pad"].numpy() for s in samples]))}
+
+
+def vla_train_seconds(run_dir: Path) -> float:
+    """The VLA run's training wall-clock time in seconds (``summary.json`` ``seconds``).
+
+    Raises:
+        FileNotFoundError: the run has no ``summary.json`` (it did not finish training).
+        ValueError: ``summary.json`` without a positive ``seconds``.
+    """
+    path = Path(run_dir) / "summary.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"run folder {run_dir}: no summary.json (the VLA run did not finish training), "
+                                f"so the BC MLP's training time is unknown")
+    seconds = json.loads(path.read_text()).get("seconds")
+    if not isinstance(seconds, int | float) or seconds <= 0:
+        raise ValueError(f"{path}: field 'seconds' must be a positive number, got {seconds!r}")
+    return float(seconds)
+
+
+def train_bc_mlp(run_dir: Path, *, seconds: float | None = None, cfg: Config | None = None,
+                 batch_size: int | None = None, lr: float = 1e-3, log_every: int = 50,
+                 min_steps: int = 0) -> dict[str, Any]:
+    """Train the BC MLP on the run's dataset for ``seconds`` (default: the VLA's training time); save it.
+
+    Same data (``data.path``, ``data.action_horizon``), same state/action normalization as the
+    run's encoder, batch ``train.global_batch`` samples drawn with replacement (seed ``run.seed``),
+    AdamW at constant ``lr``. Returns (and writes to ``RUN/bc_mlp/bc_mlp.json``) the record:
+    ``seconds`` (trained), ``vla_seconds`` (the budget: the VLA's time or ``seconds``), ``steps``,
+    ``parameters``, ``loss_curve`` [[step, loss], ...] (mean over ``log_every`` steps), ``loss_first`` /
+    ``loss_last``. ``min_steps`` > 0 trains at least that many steps whatever the time (tests on a loaded
+    machine; `lf eval` leaves it 0).
+
+    Raises:
+        FileNotFoundError: no ``summary.json`` (when ``seconds`` is None), encoder or dataset files.
+    """
+    run_dir = Path(run_dir)
+    cfg = cfg or load_config(run_dir / "config.toml")
+    vla_seconds = vla_train_seconds(run_dir) if seconds is None else float(seconds)
+    budget = vla_seconds
+    encoder = assembly.load_encoder(cfg, run_dir)
+    norm = ActionNormalizer(encoder)
+    dataset = LeRobotDataset(cfg.data.path, action_horizon=cfg.data.action_horizon)
+    data = _arrays(dataset, encoder, norm)
+    n_tasks, (_, horizon, action_dim) = len(dataset.tasks), data["actions"].shape
+    torch.manual_seed(cfg.run.seed)
+    model = BCMLP(data["state"].shape[1], n_tasks, action_dim, horizon)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(cfg.run.seed)
+    batch_size = batch_size or cfg.train.global_batch
+    onehot = torch.eye(n_tasks)
+    curve, window, step, t0 = [], [], 0, time.perf_counter()
+    while True:
+        idx = torch.randint(0, len(dataset), (batch_size,), generator=gen)
+        mask = data["mask"][idx].unsqueeze(-1).float()  # (b, H, 1)
+        pred = model(data["state"][idx], onehot[data["task"][idx]])
+        loss = (((pred - data["actions"][idx]) ** 2) * mask).sum() / (mask.sum() * action_dim).clamp_min(1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        window.append(loss.item())
+        if len(window) == log_every:
+            curve.append([step, float(np.mean(window))])
+            window = []
+        if step >= min_steps and time.perf_counter() - t0 >= budget:
+            break
+    if window:
+        curve.append([step, float(np.mean(window))])
+    record = {"seconds": time.perf_counter() - t0, "vla_seconds": vla_seconds, "steps": step,
+              "batch_size": batch_size, "lr": lr, "parameters": sum(p.numel() for p in model.parameters()),
+              "sizes": model.sizes, "tasks": list(dataset.tasks), "normalization": norm.kind,
+              "loss_first": curve[0][1], "loss_last": curve[-1][1], "loss_curve": curve}
+    out = run_dir / BC_DIR
+    out.mkdir(exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    write_text_atomic(out / "bc_mlp.json", json.dumps(record, indent=1))
+    return record
+
+
+class BCMLPPolicy:
+    """A trained BC MLP as an evaluation policy (:class:`lf_orchestrator.evaluate.Policy`); no images."""
+
+    def __init__(self, model: BCMLP, encoder: Any, tasks: Sequence[str]):
+        self.model, self.encoder, self.norm = model.eval(), encoder, ActionNormalizer(encoder)
+        self.task_index = {t: i for i, t in enumerate(tasks)}
+        self.horizon, self.needs_images = model.horizon, False
+
+    @classmethod
+    def from_run(cls, run_dir: Path, cfg: Config | None = None) -> BCMLPPolicy:
+        """Load ``RUN/bc_mlp/`` and the run's encoder (FileNotFoundError naming the missing file)."""
+        run_dir = Path(run_dir)
+        cfg = cfg or load_config(run_dir / "config.toml")
+        for name in ("bc_mlp.json", "model.safetensors"):
+            if not (run_dir / BC_DIR / name).is_file():
+                raise FileNotFoundError(f"run folder {run_dir}: missing {BC_DIR}/{name} (train it with "
+                                        f"`lf eval {run_dir} --baseline bc-mlp`)")
+        record = json.loads((run_dir / BC_DIR / "bc_mlp.json").read_text())
+        s = record["sizes"]
+        model = BCMLP(s["state_dim"], s["n_tasks"], s["action_dim"], s["horizon"], hidden=s["hidden"],
+                      layers=s["layers"])
+        model.load_state_dict(load_file(str(run_dir / BC_DIR / "model.safetensors")))
+        return cls(model, assembly.load_encoder(cfg, run_dir), record["tasks"])
+
+    @torch.no_grad()
+    def act(self, images: np.ndarray, states: np.ndarray, texts: Sequence[str]) -> np.ndarray:
+        """Action chunks float64 (n, horizon, action_dim) in action units.
+
+        Raises:
+            ValueError: an instruction that is not one of the training tasks.
+        """
+        unknown = [t for t in texts if t not in self.task_index]
+        if unknown:
+            raise ValueError(f"BC MLP: instruction {unknown[0]!r} is not one of its training tasks "
+                             f"{sorted(self.task_index)}")
+        state = (np.asarray(states, dtype=np.float32) - self.encoder.state_mean) / self.encoder.state_std
+        onehot = torch.eye(len(self.task_index))[[self.task_index[t] for t in texts]]
+        out = self.model(torch.from_numpy(state.astype(np.float32)), onehot)
+        return self.norm.unnormalize(out.numpy())

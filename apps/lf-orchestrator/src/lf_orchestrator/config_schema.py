@@ -1,0 +1,68 @@
+"""JSON Schema of run configs with field descriptions taken from the attribute docstrings (``lf config schema``)."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import textwrap
+import typing
+from typing import Any
+
+import msgspec
+
+
+def attribute_docs(cls: type) -> dict[str, str]:
+    """The attribute docstrings of a class (the string literal right under each annotated field), by field name.
+
+    Read once per class from its source with :mod:`ast` (Python keeps no such docstrings at run time); a class
+    whose source cannot be read gives ``{}``.
+    """
+    return dict(_attribute_docs(cls))
+
+
+@functools.cache
+def _attribute_docs(cls: type) -> tuple[tuple[str, str], ...]:
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):
+        return ()
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs = []
+    for node, after in zip(body, body[1:], strict=False):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs.append((node.target.id, inspect.cleandoc(after.value.value)))
+    return tuple(docs)
+
+
+def _struct_types(root: type) -> dict[str, type]:
+    """Every msgspec struct reachable from ``root``'s fields, by class name (the schema's ``$defs`` keys)."""
+    found: dict[str, type] = {}
+    todo = [root]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ in found:
+            continue
+        found[cls.__name__] = cls
+        for tp in typing.get_type_hints(cls).values():
+            for t in (tp, *typing.get_args(tp)):
+                if isinstance(t, type) and issubclass(t, msgspec.Struct):
+                    todo.append(t)
+    return found
+
+
+def schema_with_docs(root: type) -> dict[str, Any]:
+    """msgspec's JSON Schema of struct ``root`` with each field's attribute docstring as its ``description``.
+
+    msgspec puts class docstrings into the schema but not attribute docstrings (Python does not keep them);
+    they are read from the source with :func:`attribute_docs`.
+    """
+    schema = msgspec.json.schema(root)
+    structs = _struct_types(root)
+    for name, definition in schema.get("$defs", {}).items():
+        docs = attribute_docs(structs[name]) if name in structs else {}
+        for field, prop in definition.get("properties", {}).items():
+            if field in docs:
+                prop["description"] = docs[field]
+    return schema

@@ -1,0 +1,128 @@
+"""`lf run` owns its run folder: one process at a time (flock on RUN/.lock), no empty folders after early failures.
+
+Oracles: a second process that holds the lock (its PID known to the test), the folder's listing on disk
+before and after the failed run, and the checker's message of a plan that does not fit the job.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from lf_orchestrator.cli import app
+from lf_orchestrator.run_folder import LOCK_NAME, RunFolder, RunFolderLocked
+from lf_parallel import init_distributed
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+HOLD = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from lf_orchestrator.run_folder import RunFolder
+    from lf_parallel import init_distributed
+    folder = RunFolder(init_distributed("cpu"))
+    folder.claim(Path(sys.argv[1]), created=False)
+    print("locked", flush=True)
+    sys.stdin.read()  # hold until the test closes stdin
+    folder.release()
+""")
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """A second process that holds ``tmp_path/run``'s lock; yields (folder, its PID)."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        yield run, proc.pid
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def _fake_run(run: Path) -> None:
+    """A run folder `lf run --resume` accepts up to the lock: a valid config and a complete checkpoint marker."""
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "config.toml").write_text('[run]\ndevice = "cpu"\nthreads = 1\n')
+    step = run / "checkpoints" / "step-00000003"
+    step.mkdir(parents=True)
+    (step / ".lf_complete").write_text("")
+
+
+def test_second_claim_fails_naming_folder_and_pid(holder):
+    """Oracle: the holder process's PID; the lock is free again once it exits."""
+    run, pid = holder
+    folder = RunFolder(init_distributed("cpu"))
+    with pytest.raises(RunFolderLocked, match=rf"run folder {run} is in use .*PID {pid} on host"):
+        folder.claim(run, created=False)
+    assert (run / LOCK_NAME).read_text().split()[0] == str(pid)
+
+
+def test_lock_is_released_and_reusable(tmp_path):
+    """Oracle: a claim after the first RunFolder exits succeeds, and the lock file names this process."""
+    ctx = init_distributed("cpu")
+    with RunFolder(ctx) as first:
+        first.claim(tmp_path / "run", created=True)
+        with pytest.raises(RunFolderLocked, match=f"PID {os.getpid()}"):
+            RunFolder(ctx).claim(tmp_path / "run", created=False)
+    assert (tmp_path / "run").is_dir()  # no exception: kept even though it is empty
+    with RunFolder(ctx) as again:
+        again.claim(tmp_path / "run", created=False)
+    assert (tmp_path / "run" / LOCK_NAME).read_text().split()[0] == str(os.getpid())
+
+
+def test_lf_run_resume_twice_is_refused(holder):
+    """Oracle: `lf run --resume RUN` while another process holds RUN exits 2 naming RUN and that PID, and leaves
+    the folder (a --resume folder is never removed) as it was."""
+    run, pid = holder
+    _fake_run(run)
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    result = CliRunner().invoke(app, ["run", "--resume", str(run)])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert f"run folder {run} is in use" in text and f"PID {pid}" in text
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+
+
+def test_discard_keeps_folders_with_results(tmp_path):
+    """Oracle: the listing on disk; only a created folder holding just config.toml and set-up files (lock,
+    tokenizer, empty dirs) goes."""
+    ctx = init_distributed("cpu")
+    for name, files, created, gone in [("only_config", ["config.toml", "tokenizer.json", "logs/"], True, True),
+                                       ("with_ckpt", ["config.toml", "checkpoints/step-1/x"], True, False),
+                                       ("with_metrics", ["config.toml", "metrics.jsonl"], True, False),
+                                       ("user_given", ["config.toml"], False, False)]:
+        run = tmp_path / name
+        if not created:
+            run.mkdir()  # a folder that did not exist counts as created by the claim
+        with pytest.raises(RuntimeError):
+            with RunFolder(ctx) as folder:
+                folder.claim(run, created=created)
+                for f in files:
+                    (run / f).parent.mkdir(parents=True, exist_ok=True)
+                    (run / f).mkdir() if f.endswith("/") else (run / f).write_text("x")
+                raise RuntimeError("plan failed")
+        assert run.exists() != gone, name
+
+
+def test_failed_plan_leaves_no_run_folder(tmp_path):
+    """Oracle: the plan checker's message (tp=2 on one process) and an empty out_dir afterwards (before this fix
+    the run folder with only config.toml stayed)."""
+    cfg_path = tmp_path / "bad.toml"
+    cfg_path.write_text((EXAMPLES / "llama3_pretrain.toml").read_text())
+    result = CliRunner().invoke(app, ["run", str(cfg_path), "--set", "parallel.plan='manual'",
+                                      "--set", "parallel.spec='tp=2'", "--set", f"run.out_dir='{tmp_path}/runs'",
+                                      "--set", f"corpus.cache_dir='{tmp_path}/corpus'", "--set",
+                                      "corpus.max_chars=60000", "--set", "corpus.seq_len=64", "--set",
+                                      "run.device='cpu'"])
+    assert result.exit_code == 2
+    assert "must equal the number of processes (1)" in result.output
+    assert list((tmp_path / "runs").iterdir()) == []
