@@ -172,6 +172,17 @@ def _lerobot_stream(d: dict) -> list[str]:
                           "read"], rows)
 
 
+def _wan_dit_peer(d: dict) -> list[str]:
+    rows = [[name, f"{r['step_s_median']:.2f}", f"{r['tflops']:.0f}", f"{100 * r['mfu']:.1f}%", f"{r['peak_gib']:.1f}",
+             r["loss_falling"]] for name, r in d["runs"].items() if "step_s_median" in r]
+    ratio = d.get("speedup_lf_over_diffusers")
+    return ([f"{d['model']}, latents {tuple(d['latents'])} = {d['tokens']:,} tokens + {d['text_tokens']} text tokens, "
+             f"one GPU, recompute {d['recompute']}, {d['precision']}; median of {d['steps']} steps after "
+             f"{d['warmup']}. Model FLOPs from the IR (no recompute) against 989.4 TFLOP/s."
+             + (f" lf / diffusers speed: {ratio:.2f}x." if ratio else ""), ""]
+            + _table(["model", "s/step", "TFLOP/s", "MFU", "peak GiB", "loss falls"], rows))
+
+
 RENDERERS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "llama3_parallel": ("Llama-3-8B under lf-parallel plans vs a plain FSDP2 peer", _llama3_parallel),
     "attention": ("Attention dispatcher vs SDPA and FlexAttention", _attention),
@@ -179,6 +190,7 @@ RENDERERS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "vae_encode": ("Wan VAE encode vs diffusers", _vae_encode),
     "autotune_check": ("Auto-tuner: predicted vs measured", _autotune),
     "published_check": ("Cost model vs Megatron-Core's published H100 throughput", _published),
+    "wan_dit_peer": ("Wan2.1 DiT training step vs diffusers", _wan_dit_peer),
     "fp8_llama": ("FP8 (torchao float8) vs bf16 training on Llama-3-8B's shape", _fp8_llama),
     "lerobot_stream": ("LeRobot dataset streaming: lf-data vs lerobot's LeRobotDataset", _lerobot_stream),
     "memory_check": ("Recompute plans on one H200: memory and step time, predicted vs measured", _memory_check),
