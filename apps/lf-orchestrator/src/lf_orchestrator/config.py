@@ -413,7 +413,10 @@ def check_resume_overrides(overrides: list[str] | None) -> None:
         key = item.partition("=")[0].strip()
         if not any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUME_KEYS):
             raise ConfigError(f"--resume: --set {key} cannot change on resume (the checkpoint fixes "
-                              f"it); allowed: {', '.join(RESUME_KEYS)}*")
+                              f"it); allowed: {', '.join(RESUME_KEYS)}*. To continue the run under another "
+                              "parallel plan or world size, start it from its config into the same folder: "
+                              "`lf run RUN/config.toml --run-dir RUN --set parallel.spec=...` (the checkpoint "
+                              "is resharded)")
 
 
 def to_toml(cfg: Config) -> str:

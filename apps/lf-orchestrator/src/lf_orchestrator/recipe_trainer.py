@@ -263,7 +263,7 @@ class RecipeTrainer:
 
     def evaluate(self) -> dict[str, float]:
         """The family's held-out metrics (every rank computes them on the unwrapped model); none under pipeline
-        parallel (no rank holds the whole model: run ``lf eval`` on the checkpoint)."""
+        parallel (no rank holds the whole model; the run's last line says that the eval was skipped)."""
         if self.pipe is not None:
             return {}
         self.wrapped.eval()
@@ -348,5 +348,8 @@ def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None,
     if ctx.is_main:
         write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=1, default=str))
         extra = " ".join(f"{k.removeprefix('eval/')} {v:.4g}" for k, v in summary["eval"].items())
-        console.print(f"trained {summary['steps']} steps in {summary['seconds']:.0f} s"
-                      + (f"; eval: {extra}" if extra else ""))
+        if not extra and trainer.pipe is not None and cfg.eval.at_end:
+            extra_note = "; eval skipped: held-out evaluation does not run under pipeline parallel yet"
+        else:
+            extra_note = f"; eval: {extra}" if extra else ""
+        console.print(f"trained {summary['steps']} steps in {summary['seconds']:.0f} s{extra_note}", highlight=False)
