@@ -105,6 +105,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             param.grad /= world
         if rank == 0:
             torch.save(_grads(model), out)
+        dist.barrier()  # both ranks finish their collectives before either tears gloo down (rank 0 hosts the store)
     finally:
         dist.destroy_process_group()
 
