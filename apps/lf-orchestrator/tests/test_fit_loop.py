@@ -114,3 +114,12 @@ def test_lr_factor_warmup_then_cosine():
     assert lr_factor(4, **kw) == 1.0
     assert lr_factor(9, **kw) == pytest.approx(0.55)
     assert lr_factor(14, **kw) == pytest.approx(0.1) and lr_factor(20, **kw) == pytest.approx(0.1)
+
+
+def test_trained_phrase_names_the_resumed_steps():
+    """Oracle: the phrase names exactly the steps the timed process ran."""
+    from lf_orchestrator.fit import trained_phrase
+
+    assert trained_phrase({"steps": 1500, "resumed_from": 0, "seconds": 567.6}) == "trained 1500 steps in 568 s"
+    assert trained_phrase({"steps": 1500, "resumed_from": 500, "seconds": 412.2}) == (
+        "trained steps 501-1500 in 412 s (resumed from step 500)")

@@ -94,3 +94,16 @@ def test_convert_rlds_to_v3(tmp_path):
         np.testing.assert_array_equal(a["actions"][0].numpy(), b["actions"][0].numpy())
         assert (a["task"], a["frame_index"]) == (b["task"], b["frame_index"])
     assert inspect_dataset(root)["format"] == "rlds"
+
+
+def test_inspect_notes_failed_generator_episodes(v21, tmp_path):
+    """Oracle: the failed-episode counts a generator recorded in info.json["lf"] appear as notes, zeros omitted."""
+    root, _ = v21
+    info_path = root / "meta/info.json"
+    info = json.loads(info_path.read_text())
+    info["lf"] = {"episodes_attempted": {"push-v3": 40, "reach-v3": 40}, "episodes_failed": {"push-v3": 1,
+                                                                                             "reach-v3": 0}}
+    info_path.write_text(json.dumps(info))
+    notes = inspect_dataset(root)["notes"]
+    assert [n for n in notes if "expert episodes" in n] == [
+        f"{info_path}: 1 of 40 expert episodes of 'push-v3' failed within max_steps and were not written"]

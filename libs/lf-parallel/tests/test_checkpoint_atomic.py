@@ -53,3 +53,19 @@ def test_existing_folder_is_not_overwritten_and_stale_tmp_is_replaced(tmp_path):
     assert not (dst / "junk").exists()
     with pytest.raises(FileExistsError, match="already exists"):
         save_checkpoint(dst, model, opt)
+
+
+@pytest.mark.parametrize("remove", [".metadata", "shard"])
+def test_damaged_folder_is_named_before_dcp_reads_it(tmp_path, remove):
+    """Oracle: a complete-marked checkpoint whose DCP index or a shard was deleted gives one named error."""
+    from lf_parallel._checkpoint import read_full_tensors
+
+    model, opt = _trained(0)
+    dst = save_checkpoint(tmp_path / "d", model, opt)
+    victim = dst / ".metadata" if remove == ".metadata" else next(dst.glob("*.distcp"))
+    victim.unlink()
+    want = r"d is damaged: its DCP index .* is missing" if remove == ".metadata" else r"shard file\(s\) \['__0_0"
+    with pytest.raises(FileNotFoundError, match=want):
+        load_checkpoint(dst, model, opt)
+    with pytest.raises(FileNotFoundError, match=want):
+        read_full_tensors(dst)

@@ -216,3 +216,13 @@ def test_stage_errors_name_the_problem():
     with pytest.raises(ValueError, match="runs one stage per rank"):
         build_multimodal_pipeline(_wan_model, pp_rank=0, pp=2, schedule="1f1b", n_microbatches=2, loss_fn=_mse,
                                   device=torch.device("cpu"), seed=0, virtual_stages=2)
+
+
+def test_encoder_stage_without_model_says_to_pass_it():
+    """Oracle: the documented ValueError when stage 0 holds encoders and no recipe model is given."""
+    cfg = qwen2_vl.qwen2_vl_config("tiny")
+    graph = qwen2_vl.build_graph(cfg, 16, 16)
+    spec = split_stages(graph, 2)[0]
+    assert spec.encoders  # stage 0 carries the vision tower
+    with torch.device("meta"), pytest.raises(ValueError, match=r"encoder components .* model=recipe_model"):
+        build_stage_module(graph, spec, MaskSpec(kind="causal"))

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from lf_orchestrator import __version__
+from lf_orchestrator._console import make_console
 from lf_orchestrator.config import ConfigError, check_resume_overrides, json_schema, load_config, to_toml
 from lf_orchestrator.convert_cmd import convert_app
 from lf_orchestrator.data_cmd import data_app
@@ -42,7 +42,7 @@ app.command("plan")(plan_cmd)
 app.command("memory")(memory_cmd)
 app.command()(launch)
 app.command("sample")(sample_cmd)
-console = Console(stderr=True)
+console = make_console(stderr=True)
 
 SetOpt = Annotated[Optional[list[str]], typer.Option(
     "--set", help="Override a config value: section.key=value (TOML value).")]
@@ -108,7 +108,7 @@ def print_eval(report: dict) -> None:
     for row in report["tasks"]:
         cells = [row["task"], str(row["episodes"]), pct(row["vla_success"]), pct(row.get("random_success"))]
         table.add_row(*cells, *((pct(row.get("bc_mlp_success")),) if bc else ()))
-    Console().print(table)
+    make_console().print(table)
 
 
 @app.command()
@@ -231,7 +231,9 @@ def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = 
     if not ctx.is_main:
         return
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=1))
-    console.print(f"trained {summary['steps']} steps in {summary['seconds']:.0f} s; "
+    from lf_orchestrator.fit import trained_phrase
+
+    console.print(f"{trained_phrase(summary)}; "
                   f"loss curve: {run_dir / 'loss_curve.png'}")
     if cfg.eval.at_end and cfg.data.source == "metaworld":
         from lf_orchestrator.evaluate import evaluate_run

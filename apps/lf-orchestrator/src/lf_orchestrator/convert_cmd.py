@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+
+from lf_orchestrator._console import make_console
 
 convert_app = typer.Typer(help="Convert checkpoints between lf and Hugging Face (transformers, diffusers) formats.",
                           no_args_is_help=True)
-console = Console(stderr=True)
+console = make_console(stderr=True)
 
 CONVERTERS: dict[str, tuple[str, str, str, str, str]] = {
     "llama3": ("import_hf_llama", "export_hf_llama", "llama3", "Llama3Config", "Llama3Model"),

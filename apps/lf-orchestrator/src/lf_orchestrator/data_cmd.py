@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from lf_orchestrator._console import make_console
+
 data_app = typer.Typer(help="Make, inspect and convert datasets (robot demonstrations).", no_args_is_help=True)
-console = Console(stderr=True)
+console = make_console(stderr=True)
 
 
 def _fail(message: str) -> None:
@@ -72,7 +73,7 @@ def data_inspect(path: Annotated[Path, typer.Argument(help="Dataset folder (LeRo
     if as_json:
         print(json.dumps(report, indent=1))
     else:
-        out = Console()
+        out = make_console()
         rate = "" if report["fps"] is None else f" at {report['fps']} fps"
         out.print(f"[bold]{path}[/]: {report['format']}, {report['episodes']} episodes, {report['frames']} frames"
                   f"{rate}, {report['tasks']} tasks", highlight=False)

@@ -139,3 +139,12 @@ def fit_loop(trainer, on_step: StepCallback | None = None, *, step_units: Callab
     return {"steps": trainer.step, "resumed_from": start, "seconds": time.perf_counter() - t0, "final": last,
             **({"eval": evaluation} if evaluate is not None else {}), **(summary or {}), "preempted": preempted,
             **({"signal": guard.signal.name, "exit_code": guard.signal.exit_code} if preempted else {})}
+
+
+def trained_phrase(summary: dict) -> str:
+    """``"trained 1500 steps in 568 s"``, or after a resume ``"trained steps 501-1500 in 412 s (resumed from step
+    500)"``: ``seconds`` only times this process's steps, so the phrase says which steps those were."""
+    start, steps, seconds = summary.get("resumed_from") or 0, summary["steps"], summary["seconds"]
+    if start:
+        return f"trained steps {start + 1}-{steps} in {seconds:.0f} s (resumed from step {start})"
+    return f"trained {steps} steps in {seconds:.0f} s"

@@ -6,10 +6,11 @@ import json
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
+
+from lf_orchestrator._console import make_console
 
 ir_app = typer.Typer(help="Inspect model graphs of the unified IR.", no_args_is_help=True)
-console = Console(stderr=True)
+console = make_console(stderr=True)
 
 
 def _fail(message: str) -> None:

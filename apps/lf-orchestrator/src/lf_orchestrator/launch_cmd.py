@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
+from lf_orchestrator._console import make_console
 from lf_orchestrator.config import ConfigError, load_config
 from lf_orchestrator.launch._jobset import jobset
 from lf_orchestrator.launch._k8s import K8sOptions, Volume, pytorchjob
@@ -26,7 +26,7 @@ from lf_orchestrator.launch._slurm import SlurmOptions, sbatch_script, submit
 from lf_orchestrator.launch._spec import LaunchError, LaunchSpec, absolute, shell_join
 from lf_orchestrator.launch._torchrun import run_torchrun, torchrun_command
 
-console = Console(stderr=True)
+console = make_console(stderr=True)
 
 
 class Backend(StrEnum):

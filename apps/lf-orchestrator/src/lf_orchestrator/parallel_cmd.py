@@ -13,11 +13,12 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from lf_orchestrator._console import make_console
+
 parallel_app = typer.Typer(help="Check hybrid parallel plans on CPU processes.", no_args_is_help=True)
-console = Console(stderr=True)
+console = make_console(stderr=True)
 
 
 def _fail(message: str) -> None:
@@ -69,7 +70,7 @@ def check(recipe: Annotated[str, typer.Option(
     table.add_row(f"gradients (step {steps}, worst: {result.worst})", f"{result.grad_rel:.2e}")
     table.add_row("gradients against the model's largest gradient", f"{result.grad_rel_model:.2e}")
     table.add_row(f"parameters (after step {steps}, worst: {result.worst_param})", f"{result.param_rel:.2e}")
-    Console().print(table)
+    make_console().print(table)
     print("losses:    " + " ".join(f"{x:.6f}" for x in result.losses))
     print("reference: " + " ".join(f"{x:.6f}" for x in result.ref_losses))
     print(f"max_rel_loss={result.loss_rel:.3e} max_rel_grad={result.grad_rel:.3e} "

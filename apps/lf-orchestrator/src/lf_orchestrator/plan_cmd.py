@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-console = Console(stderr=True)
+from lf_orchestrator._console import make_console
+
+console = make_console(stderr=True)
 GIB = 1024 ** 3
 
 ConfigArg = Annotated[Optional[Path], typer.Argument(help="Run config (TOML); or give --recipe and --size.")]
@@ -132,7 +133,7 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
                           "cluster": cluster.describe(), "considered": result.considered,
                           "over_memory": result.over_memory, "seconds": result.seconds, "plans": rows}))
         return
-    out = Console()
+    out = make_console()
     table = Table(title=f"{graph.name}, {tokens:,} tokens/sample, global batch {batch} on {cluster.describe()}")
     for col in ("#", "plan", "recompute", "step s", "tokens/s/GPU", "MFU", "peak GiB"):
         table.add_column(col, justify="left" if col in ("plan", "recompute") else "right")
@@ -180,8 +181,8 @@ def memory_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt
     table.add_column("GiB per GPU", justify="right")
     for key, value in rows.items():
         table.add_row(key, f"{value:.2f}")
-    Console().print(table)
+    make_console().print(table)
     verdict = "fits" if est.total <= have else f"does NOT fit: {est.total / GIB:.1f} GiB needed"
-    Console().print(f"{cluster.gpu.name} has {have / GIB:.1f} GiB: {verdict}", highlight=False)
+    make_console().print(f"{cluster.gpu.name} has {have / GIB:.1f} GiB: {verdict}", highlight=False)
     if est.total > have:
         raise typer.Exit(1)

@@ -50,7 +50,7 @@ from lf_orchestrator.families._state import FamilyCheckpointer, latest_checkpoin
 from lf_orchestrator.families.base import LossModule
 from lf_orchestrator.families.lora import apply_lora, freeze
 from lf_orchestrator.faults import nonfinite_reason
-from lf_orchestrator.fit import StepCallback, apply_update, fit_loop, lr_schedule
+from lf_orchestrator.fit import StepCallback, apply_update, fit_loop, lr_schedule, trained_phrase
 from lf_orchestrator.train_state import restore_training_state, save_training_state
 from lf_parallel import DistContext, build_mesh, global_sum, parallelize
 
@@ -352,4 +352,4 @@ def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None,
             extra_note = "; eval skipped: held-out evaluation does not run under pipeline parallel yet"
         else:
             extra_note = f"; eval: {extra}" if extra else ""
-        console.print(f"trained {summary['steps']} steps in {summary['seconds']:.0f} s{extra_note}", highlight=False)
+        console.print(f"{trained_phrase(summary)}{extra_note}", highlight=False)

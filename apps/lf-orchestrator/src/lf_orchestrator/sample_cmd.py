@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
-console = Console(stderr=True)
+from lf_orchestrator._console import make_console
+
+console = make_console(stderr=True)
 
 
 def _fail(message: str) -> None:

@@ -16,11 +16,12 @@ from typing import Annotated, Any
 
 import numpy as np
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from lf_orchestrator._console import make_console
+
 tokenize_app = typer.Typer(help="Fit, apply and compare action tokenizers (binning, FAST).", no_args_is_help=True)
-console = Console(stderr=True)
+console = make_console(stderr=True)
 PAD = -1
 
 
@@ -211,4 +212,4 @@ def report(
     for r in rows:
         table.add_row(r["tokenizer"], f"{r['tokens_per_chunk']:.1f}", f"{r['mae_normalized']:.4f}",
                       f"{r['mae_action']:.4f}", f"{r['clipped']:.1%}")
-    Console(width=120).print(table)
+    make_console(width=120).print(table)

@@ -64,6 +64,17 @@ def _stats_notes(root: Path, fmt_name: str) -> list[str]:
             f"converting to LeRobot v3.0 writes them"]
 
 
+def _generator_notes(info: dict, root: Path) -> list[str]:
+    """Episodes a generator (e.g. ``generate_metaworld``'s scripted experts) attempted but did not write."""
+    lf = info.get("lf") if isinstance(info, dict) else None
+    failed = lf.get("episodes_failed") if isinstance(lf, dict) else None
+    attempted = lf.get("episodes_attempted", {}) if isinstance(lf, dict) else {}
+    if not isinstance(failed, dict):
+        return []
+    return [f"{root / 'meta/info.json'}: {n} of {attempted.get(task, '?')} expert episodes of {task!r} failed "
+            f"within max_steps and were not written" for task, n in failed.items() if n]
+
+
 def _inspect_lerobot(root: Path, fmt_name: str) -> dict:
     from ._lerobot_stream import LeRobotStream
 
@@ -90,7 +101,8 @@ def _inspect_lerobot(root: Path, fmt_name: str) -> dict:
     return {"format": fmt_name, "episodes": len(ds.meta.episodes), "frames": int(ds.meta.info.get("total_frames", 0)),
             "frames_read": frames, "fps": ds.meta.fps, "tasks": len(ds.meta.tasks),
             "features": {k: {"dtype": ft["dtype"], "shape": list(ft["shape"])} for k, ft in ds.meta.features.items()},
-            "stats": stats, "skipped": skipped, "problems": problems, "notes": _stats_notes(root, fmt_name)}
+            "stats": stats, "skipped": skipped, "problems": problems,
+            "notes": _stats_notes(root, fmt_name) + _generator_notes(ds.meta.info, root)}
 
 
 def _open_robot(root: Path, fmt_name: str, on_error: str):

@@ -194,6 +194,18 @@ def _require_complete(src: Path) -> None:
                                 f"it was not completely written and is never loaded")
 
 
+def _require_files(src: Path) -> None:
+    """Refuse a complete-marked checkpoint whose DCP files were removed since (before DCP's own traceback)."""
+    if not (src / ".metadata").is_file():
+        raise FileNotFoundError(f"checkpoint {src} is damaged: its DCP index {src / '.metadata'} is missing")
+    meta = dcp.FileSystemReader(str(src)).read_metadata()
+    names = sorted({getattr(info, "relative_path", None) for info in (meta.storage_data or {}).values()} - {None})
+    missing = [n for n in names if not (src / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint {src} is damaged: shard file(s) {missing} listed in its .metadata "
+                                f"are missing")
+
+
 def checkpoint_extra(src: str | os.PathLike) -> dict:
     """The ``extra`` dict saved with a complete checkpoint.
 
@@ -210,10 +222,12 @@ def load_checkpoint(src: str | os.PathLike, model: nn.Module, optimizer=None) ->
     as they are sharded now. Call on every rank. Returns the ``extra`` dict saved with it.
 
     Raises:
-        FileNotFoundError: ``src`` is missing or has no completion marker (an interrupted write).
+        FileNotFoundError: ``src`` is missing or has no completion marker (an interrupted write), or its
+            DCP ``.metadata`` or a shard file it lists was removed after the write.
     """
     src = Path(src)
     extra = checkpoint_extra(src)
+    _require_files(src)
     state = _state(model, optimizer)
     with _single_process_quiet():
         dcp.load(state, checkpoint_id=str(src), no_dist=_no_dist())
@@ -233,6 +247,7 @@ def read_full_tensors(src: str | os.PathLike, prefix: str = "model.") -> dict[st
 
     src = Path(src)
     _require_complete(src)
+    _require_files(src)
     meta = dcp.FileSystemReader(str(src)).read_metadata()
     state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.state_dict_metadata.items()
              if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}

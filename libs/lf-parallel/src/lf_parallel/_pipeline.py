@@ -90,10 +90,10 @@ class PipelineStageModule(nn.Module):
         if bad:
             raise ValueError(f"pipeline side tensors must be among {sorted(SIDE_KWARGS)}, got {bad[0]!r}")
         if spec.encoders:
-            raise NotImplementedError(
-                f"graph {graph.name!r}: stage 0 would run encoder components {list(spec.encoders)}; "
-                "running several components in a stage needs the model's own glue code and is not "
-                "supported yet (split_stages already places them on stage 0)")
+            raise ValueError(
+                f"graph {graph.name!r}: stage 0 runs encoder components {list(spec.encoders)}, which need "
+                "the recipe model's glue code: build the stage with build_stage_module(..., model=recipe_model) "
+                "(or build_multimodal_pipeline), not PipelineStageModule directly")
         component = graph.component(spec.trunk)
         for i, node in enumerate(component.nodes[spec.start:spec.stop], start=spec.start):
             if isinstance(node, LMHead) and node.tied_to is not None:
@@ -136,8 +136,8 @@ def build_stage_module(graph: Graph, spec: StageSpec, mask: MaskSpec, side: tupl
     then a :class:`lf_parallel._pipeline_mm.MultimodalStageModule` running the recipe's pipeline glue.
 
     Raises:
-        ValueError: the stage holds a head tied to an embedding on another stage.
-        NotImplementedError: the stage would run encoder components and no ``model`` is given.
+        ValueError: the stage holds a head tied to an embedding on another stage, or the stage
+            would run encoder components and no ``model`` is given.
     """
     if model is not None:
         from lf_parallel._pipeline_mm import MultimodalStageModule
