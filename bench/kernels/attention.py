@@ -9,13 +9,20 @@ Cases (bf16, batch 1, forward + backward, one ``out.backward(grad)`` per step):
     (backend ``sdpa_causal``) vs SDPA forced to cuDNN (target >= 95 %); SDPA
     forced to flash is listed for reference.
 (b) block-causal by frame, 21 frames x 1,560 tokens (S = 32,760), 12 heads x 128:
-    our dispatcher (FlexAttention with our cached block mask), ``sdpa_frames``
-    (one mask-free cuDNN SDPA call per frame, the no-Flex fallback) vs FlexAttention
-    compiled on the same mask (block mask built once, outside the timing). Target >= 1.2x Flex.
+    our dispatcher (``sdpa_split``: one causal cuDNN call over the sequence plus one
+    batched causal call on the frame-reversed in-frame upper triangles, merged by
+    log-sum-exp), ``ours_split`` (the same, called directly), ``ours_flex``
+    (FlexAttention with our cached block mask), ``sdpa_frames`` (one mask-free cuDNN
+    SDPA call per frame) vs FlexAttention compiled on the same mask (block mask built
+    once, outside the timing). Target >= 1.2x Flex.
 (c) 3D window on a 21 x 30 x 52 latent grid (Wan 2.1 480p: 81 frames / 4 + 1,
     480 / 16, 832 / 16), window (3, 9, 9) tokens: +-1 latent frame, +-4 rows and
-    columns; 12 heads x 128. Ours (FlexAttention with our mask_mod; no faster
-    exact path exists yet) vs FlexAttention compiled on the same mask.
+    columns; 12 heads x 128. Our dispatcher (FlexAttention with our cached block mask),
+    ``ours_halo*`` (the exact tile + key-halo layout, one batched SDPA call over
+    1 x a x b query tiles and their key halos: default tile, 8 x 8, 16 x 8, and
+    FlexAttention on the tiles) vs FlexAttention compiled on the same mask. Target >= 1.2x Flex.
+    The case's ``work`` entry gives computed / kept score entries of the halo layout
+    and of Flex's block mask, and the bytes of the halo buffers.
 
 TFLOP/s count only the kept (unmasked) score entries (``lf_kernels._keep.kept_entries``):
 forward ``4 * heads * kept * head_dim`` (QK^T and PV), backward 2.5x the forward
@@ -84,6 +91,48 @@ def _flex_on(mask: MaskSpec, seq: int, device: str):
     block_mask = create_block_mask(mask_mod, None, None, seq, seq, device=device)
     compiled = torch.compile(flex_attention, dynamic=False)
     return lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
+
+
+def _halo_contenders(mask: MaskSpec, dry: bool) -> dict:
+    """Rows for the tile + halo path called directly (default tile, fixed tiles, flex kernel on the tiles)."""
+    from lf_kernels._window_halo import attention_window_halo
+
+    def halo(**kwargs):
+        return lambda q, k, v: attention_window_halo(q, k, v, mask, q.shape[-1] ** -0.5, **kwargs)
+
+    rows = {"ours_halo": halo()}
+    if not dry:
+        rows |= {"ours_halo_8x8": halo(tile=(8, 8)), "ours_halo_16x8": halo(tile=(16, 8)),
+                 "ours_halo_flex": halo(kernel="flex")}
+    return rows
+
+
+def _halo_work(mask: MaskSpec, seq: int, heads: int, head_dim: int, device: str) -> dict:
+    """Computed / kept score entries of the halo layout and of Flex's block mask; halo buffer bytes (bf16)."""
+    from lf_kernels._flex import block_mask_for
+    from lf_kernels._halo_layout import choose_tile, halo_entries, halo_layout
+
+    kept = kept_entries(mask, seq)
+    tile = choose_tile(mask)
+    layout = halo_layout(mask, tile, device)
+    queries = layout.n_tiles * tile[0] * tile[1]
+    block_mask = block_mask_for(mask, seq, seq, device)
+    blocks = int(block_mask.kv_num_blocks.sum()) + int(block_mask.full_kv_num_blocks.sum())
+    flex_entries = blocks * block_mask.BLOCK_SIZE[0] * block_mask.BLOCK_SIZE[1]
+    item = 2  # bf16
+    return {
+        "halo_tile": list(tile), "halo_tiles": layout.n_tiles, "halo_keys_per_tile": layout.halo,
+        "halo_dense_work_ratio": round(halo_entries(mask, tile) / kept, 3),
+        "flex_block_work_ratio": round(flex_entries / kept, 3),
+        "flex_partial_blocks": int(block_mask.kv_num_blocks.sum()),
+        "flex_full_blocks": int(block_mask.full_kv_num_blocks.sum()),
+        "halo_buffer_bytes": {
+            "q_tiles": queries * heads * head_dim * item, "out_tiles": queries * heads * head_dim * item,
+            "k_halos": layout.n_tiles * layout.halo * heads * head_dim * item,
+            "v_halos": layout.n_tiles * layout.halo * heads * head_dim * item,
+            "bias": queries * layout.halo * item,
+        },
+    }
 
 
 def _sdpa_with(backend_name: str):
@@ -165,6 +214,12 @@ def main() -> None:
             mask = MaskSpec("window_3d", grid=grid, window=window)
         seq = grid[0] * grid[1] * grid[2]
         contenders = {"dispatcher": ours(mask)}
+        if key == "b":
+            from lf_kernels._split_attention import attention_split
+
+            contenders["ours_split"] = lambda q, k, v, f=mask.frame_tokens: attention_split(q, k, v, f)[0]
+        if key == "c":
+            contenders |= _halo_contenders(mask, args.dry)
         if not args.dry:
             contenders |= {"ours_flex": ours_flex(mask), "flex": _flex_on(mask, seq, device)}
             if key == "b":
@@ -174,6 +229,8 @@ def main() -> None:
                 contenders["sdpa_frames"] = lambda q, k, v, f=frames: _sdpa_frames(q, k, v, f, q.shape[-1] ** -0.5)
         report["cases"].append(run_case(case, mask, seq, heads, head_dim, contenders,
                                         "flex" if not args.dry else "dispatcher", args, device, dtype))
+        if key == "c":
+            report["cases"][-1]["work"] = _halo_work(mask, seq, heads, head_dim, device)
     text = json.dumps(report, indent=2)
     print(text)
     with open(args.out, "w") as handle:

@@ -39,13 +39,23 @@ S_BC, S_WIN = 32760, 21 * 30 * 52
         (MaskSpec("causal"), (4096, 4096), {"has_documents": True, "return_lse": True}, "flex"),
         (MaskSpec("causal"), (4096, 4096), {"has_documents": True, "dtype": torch.float32}, "flex"),
         (MaskSpec("causal"), (4096, 4096), {"has_documents": True, "has_key_padding": True}, "flex"),
-        (BC, (S_BC, S_BC), {}, "flex"),
-        (BC, (S_BC, S_BC), {"flex": False}, "sdpa_frames"),
+        (BC, (S_BC, S_BC), {}, "sdpa_split"),
+        (BC, (S_BC, S_BC), {"return_lse": True}, "sdpa_split"),
+        (BC, (S_BC, S_BC), {"dtype": torch.float16, "flex": False}, "sdpa_split"),
+        (BC, (S_BC, S_BC), {"split": False}, "flex"),
+        (BC, (S_BC, S_BC), {"return_lse": True, "split": False}, "flex"),
+        (BC, (S_BC, S_BC), {"dtype": torch.float32}, "flex"),
+        (BC, (S_BC, S_BC), {"has_key_padding": True}, "flex"),
+        (BC, (4096, S_BC), {}, "flex"),  # q_len != kv_len
+        (BC, (S_BC, S_BC), {"flex": False, "split": False}, "sdpa_frames"),
         (BC, (S_BC, S_BC), {"flex": False, "has_documents": True}, "sdpa_mask"),
-        (BC, (S_BC, S_BC), {"return_lse": True}, "flex"),
         (BC, (S_BC, S_BC), {"has_documents": True}, "flex"),
-        (MaskSpec("block_causal", frame_tokens=100), (S_BC, S_BC), {"flex": False}, "sdpa_mask"),  # > MAX_FRAMES
+        (MaskSpec("block_causal", frame_tokens=100), (S_BC, S_BC), {"flex": False, "split": False},
+         "sdpa_mask"),  # > MAX_FRAMES
         (WIN, (S_WIN, S_WIN), {}, "flex"),
+        (WIN, (S_WIN, S_WIN), {"has_key_padding": True}, "flex"),
+        (WIN, (S_WIN, S_WIN), {"return_lse": True}, "flex"),
+        (WIN, (S_WIN, S_WIN), {"has_documents": True}, "flex"),
         (MaskSpec("prefix_lm", prefix_len=300), (4096, 4096), {}, "flex"),
         (MaskSpec("causal"), (1, 4096), {}, "sdpa_mask"),  # decoding: below FLEX_MIN_Q
         (MaskSpec("causal"), (1, 4096), {"return_lse": True}, "math"),
@@ -56,8 +66,8 @@ S_BC, S_WIN = 32760, 21 * 30 * 52
     ],
 )
 def test_cuda_dispatch_table(mask, seqs, facts, expected):
-    """Oracle: the dispatch order in lf_kernels._dispatch's docstring (bf16 on CUDA, flash_attn and Flex present)."""
-    kwargs = {"device": "cuda", "dtype": torch.bfloat16, "flash_attn": True, "flex": True, **facts}
+    """Oracle: the dispatch order in lf_kernels._dispatch's docstring (bf16 on CUDA; flash_attn, Flex, split ops)."""
+    kwargs = {"device": "cuda", "dtype": torch.bfloat16, "flash_attn": True, "flex": True, "split": True, **facts}
     assert choose_backend(mask, *seqs, **kwargs) == expected
 
 

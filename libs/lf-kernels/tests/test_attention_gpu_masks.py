@@ -105,16 +105,18 @@ def test_cuda_masks_bf16(kind, documents, return_lse):
 @pytest.mark.parametrize(("heads", "head_dim"), [((8, 8), 64), ((8, 2), 80), ((8, 1), 128)])
 @pytest.mark.parametrize("kind", ["block_causal", "window_3d"])
 def test_cuda_gqa_and_head_dims(kind, heads, head_dim):
-    """Oracle: float64 CPU reference; GQA ratios 1 / 4 / 8 with head dims 64 / 80 / 128, lse returned (flex)."""
+    """Oracle: float64 CPU reference; GQA ratios 1 / 4 / 8 with head dims 64 / 80 / 128, lse returned
+    (sdpa_split for block_causal, flex for window_3d)."""
     _run_and_compare(MASKS[kind], ("gqa", kind, heads, head_dim), heads=heads, head_dim=head_dim,
-                     return_lse=True, expect_backend="flex")
+                     return_lse=True, expect_backend="sdpa_split" if kind == "block_causal" else "flex")
 
 
 @pytest.mark.parametrize(
     ("kind", "extra", "backend"),
     [
-        ("block_causal", {}, "flex"),
-        ("block_causal", {"return_lse": True}, "flex"),
+        ("block_causal", {}, "sdpa_split"),
+        ("block_causal", {"return_lse": True}, "sdpa_split"),
+        ("block_causal", {"documents": True}, "flex"),
         ("window_3d", {"padding": True, "documents": True, "return_lse": True}, "flex"),
         ("causal", {}, "sdpa_causal"),
         ("full", {}, "sdpa"),

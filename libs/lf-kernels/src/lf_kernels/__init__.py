@@ -31,6 +31,7 @@ from ._keep import keep_fraction, kept_entries
 from ._mask import MaskKind, MaskSpec, dense_mask, mask_predicate
 from ._math import attention_math
 from ._reference import attention_reference
+from ._split_attention import attention_split
 from .conv3d import CausalConv3d, causal_conv3d
 from .triton import (
     FusedBackend,
@@ -47,6 +48,7 @@ from .triton import (
 )
 
 __all__ = [
+    "attention_split",
     "Backend",
     "CausalConv3d",
     "FusedBackend",
@@ -80,4 +82,4 @@ __all__ = [
     "swiglu_reference",
 ]
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -5,6 +5,10 @@ static facts (its module docstring holds the order); this module runs it:
 
 - ``"sdpa"`` / ``"sdpa_causal"``: SDPA with no mask tensor (``is_causal`` for
   causal), so CUDA may take its cuDNN or flash kernel.
+- ``"sdpa_split"`` (CUDA, ``block_causal``, fp16 / bf16): a causal cuDNN call over the sequence plus
+  one batched causal call on the frame-reversed in-frame upper triangles, merged by log-sum-exp, see
+  :mod:`lf_kernels._split_attention`; falls back to the next backend for head dims its kernels do
+  not take (not a multiple of 8, above 256, or v's differing from q's).
 - ``"sdpa_frames"`` (CUDA without FlexAttention, ``block_causal``): frame ``f``'s queries attend to
   keys ``[0, end of frame f)`` with no mask, so one mask-free SDPA call per frame
   computes the block-causal result exactly and spends no FLOPs on masked tiles.
@@ -169,6 +173,13 @@ def attention(
         backend = choose_backend(mask, seq_q, seq_kv, flash_attn=False, **facts)
     if backend in ("sdpa", "sdpa_causal"):
         return _sdpa_plain(q, k, v, causal=backend == "sdpa_causal", scale=scale)
+    if backend == "sdpa_split":
+        from ._split_attention import attention_split, kernels_support
+
+        if kernels_support(q, v):
+            out, lse = attention_split(q, k, v, spec.frame_tokens, scale=scale)
+            return (out, lse) if return_lse else out
+        backend = choose_backend(mask, seq_q, seq_kv, split=False, **facts)
     if backend == "sdpa_frames":
         return _sdpa_frames(q, k, v, spec.frame_tokens, scale)
     if backend == "flex":

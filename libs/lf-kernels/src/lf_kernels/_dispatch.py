@@ -8,19 +8,25 @@ can ask on a CPU what a CUDA call would take. Order of preference on CUDA:
    ``causal`` with ``q_len == kv_len``; also ``block_causal`` with one token per
    frame and a ``window_3d`` wide enough to see everything), no padding, no
    documents, no log-sum-exp: cuDNN / flash kernels.
-2. ``"flash_varlen"``: packed documents with ``full`` / ``causal``, ``q_len ==
+2. ``"sdpa_split"``: ``block_causal`` without padding or documents (the log-sum-exp
+   is allowed, it comes for free), ``q_len == kv_len``, fp16 / bf16, where torch has
+   the private cuDNN (or flash) SDPA ops: one causal cuDNN call over the sequence
+   plus one batched causal call on the frame-reversed strict upper triangles, merged
+   by log-sum-exp (:mod:`lf_kernels._split_attention`); no masked FLOPs, big calls.
+   Target on an H200: >= 1.2x compiled FlexAttention (see ``bench/kernels/attention.py``).
+3. ``"flash_varlen"``: packed documents with ``full`` / ``causal``, ``q_len ==
    kv_len``, no padding, no log-sum-exp, fp16 / bf16, when ``flash_attn`` imports:
    FlashAttention-2's varlen kernels skip the cross-document tiles entirely.
-3. ``"flex"``: every other case with ``q_len >= FLEX_MIN_Q`` (FlexAttention,
+4. ``"flex"``: every other case with ``q_len >= FLEX_MIN_Q`` (FlexAttention,
    compiled, block-sparse; also returns the log-sum-exp).
-4. ``"sdpa_frames"`` (only where FlexAttention is missing): ``block_causal`` alone
+5. ``"sdpa_frames"`` (only where FlexAttention and the split ops are missing): ``block_causal`` alone
    (no padding, documents or lse), ``q_len == kv_len``, at most :data:`MAX_FRAMES`
    frames: frame ``f``'s queries attend, unmasked, to the key prefix ending with
    frame ``f``, so one mask-free SDPA call per frame is exact with no masked FLOPs.
    Measured on an H200 (torch 2.11, 21 frames x 1,560 tokens, 12 x 128 heads, bf16
    fwd+bwd): 334 TFLOP/s against compiled FlexAttention's 345, so Flex goes first;
    the per-frame calls are too small to fill 132 SMs (wave quantization).
-5. ``"sdpa_mask"`` (dense bool mask) or, for the log-sum-exp, ``"math"``.
+6. ``"sdpa_mask"`` (dense bool mask) or, for the log-sum-exp, ``"math"``.
 
 On the CPU: 1, else ``"sdpa_mask"``, or ``"math"`` for the log-sum-exp
 (FlexAttention has no CPU backward in torch 2.11-2.13, DESIGN.md).
@@ -37,7 +43,7 @@ from ._mask import MaskSpec
 
 __all__ = ["Backend", "FLEX_MIN_Q", "MAX_FRAMES", "canonical_mask", "choose_backend", "select_backend"]
 
-Backend = Literal["sdpa", "sdpa_causal", "sdpa_mask", "math", "flex", "flash_varlen", "sdpa_frames"]
+Backend = Literal["sdpa", "sdpa_causal", "sdpa_mask", "math", "flex", "flash_varlen", "sdpa_frames", "sdpa_split"]
 
 FLEX_MIN_Q = 128
 """Below this many queries a dense mask is small and FlexAttention's compile is not worth it."""
@@ -92,6 +98,7 @@ def choose_backend(
     return_lse: bool = False,
     flash_attn: bool | None = None,
     flex: bool | None = None,
+    split: bool | None = None,
 ) -> Backend:
     """Name the backend :func:`attention` takes for this case (order in the module docstring).
 
@@ -102,16 +109,20 @@ def choose_backend(
         dtype: the q/k/v dtype.
         has_key_padding, has_documents: whether ``key_padding`` / ``document_ids`` are given.
         return_lse: whether the log-sum-exp is wanted.
-        flash_attn, flex: override the detection of ``flash_attn`` / FlexAttention
-            (``None``: detect), so tests can ask about machines unlike this one.
+        flash_attn, flex, split: override the detection of ``flash_attn`` / FlexAttention / the
+            private cuDNN-or-flash SDPA ops ``sdpa_split`` calls (``None``: detect), so tests can
+            ask about machines unlike this one.
 
     Returns:
-        one of ``"sdpa"``, ``"sdpa_causal"``, ``"flash_varlen"``, ``"sdpa_frames"``,
-        ``"flex"``, ``"sdpa_mask"``, ``"math"``.
+        one of ``"sdpa"``, ``"sdpa_causal"``, ``"sdpa_split"``, ``"flash_varlen"``,
+        ``"sdpa_frames"``, ``"flex"``, ``"sdpa_mask"``, ``"math"``.
 
     Example:
         >>> choose_backend(MaskSpec("block_causal", frame_tokens=1560), 32760, 32760,
-        ...                device="cuda", dtype=torch.bfloat16, return_lse=True, flex=True)
+        ...                device="cuda", dtype=torch.bfloat16, return_lse=True, flex=True, split=True)
+        'sdpa_split'
+        >>> choose_backend(MaskSpec("block_causal", frame_tokens=1560), 32760, 32760,
+        ...                device="cuda", dtype=torch.bfloat16, return_lse=True, flex=True, split=False)
         'flex'
     """
     mask = canonical_mask(mask, q_len, kv_len)
@@ -125,6 +136,15 @@ def choose_backend(
             flash_attn = flash_attn_available()
         if flex is None:
             flex = flex_available()
+        if split is None:
+            from ._split_kernels import split_ops_available
+
+            split = split_ops_available()
+        if (
+            split and mask.kind == "block_causal" and not has_key_padding and not has_documents
+            and q_len == kv_len and dtype in _HALF
+        ):
+            return "sdpa_split"
         if (
             flash_attn and has_documents and not has_key_padding and not return_lse and q_len == kv_len
             and mask.kind in ("full", "causal") and dtype in _HALF

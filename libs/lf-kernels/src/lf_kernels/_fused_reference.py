@@ -144,8 +144,9 @@ def linear_cross_entropy_reference(
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
     reduction: str = "mean",
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Cross-entropy of ``hidden @ weight.T`` with label smoothing and z-loss; materializes the logits.
+    """Cross-entropy of ``hidden @ weight.T (+ bias)`` with label smoothing and z-loss; materializes the logits.
 
     Per token with target ``t != ignore_index``, logits ``x`` (vocab ``V``),
     ``lse = logsumexp(x)``::
@@ -155,16 +156,19 @@ def linear_cross_entropy_reference(
     (label smoothing as ``torch.nn.functional.cross_entropy``; z-loss as PaLM,
     Chowdhery et al. 2022, arXiv 2204.02311). ``reduction="mean"`` divides the
     sum by the number of non-ignored tokens, or by 1 if there are none (PyTorch
-    would return NaN then).
+    would return NaN then); ``"none"`` returns the per-token losses (0 where ignored).
 
     Args:
-        hidden: ``(..., hidden)``; weight: ``(vocab, hidden)``; target: ``(...)`` int64.
+        hidden: ``(..., hidden)``; weight: ``(vocab, hidden)``; target: ``(...)`` int64;
+        bias: optional ``(vocab,)``.
 
     Returns:
-        A scalar in float32 (float64 for float64 inputs).
+        A scalar (``target.shape`` for ``"none"``) in float32 (float64 for float64 inputs).
     """
     wide = _wide(hidden.dtype)
     logits_nv = (hidden.reshape(-1, hidden.shape[-1]) @ weight.T).to(wide)
+    if bias is not None:
+        logits_nv = logits_nv + bias.to(wide)
     target_n = target.reshape(-1)
     valid_n = target_n != ignore_index
     safe_t = torch.where(valid_n, target_n, 0)
@@ -172,6 +176,8 @@ def linear_cross_entropy_reference(
     nll_n = lse_n - logits_nv.gather(1, safe_t[:, None])[:, 0]
     smooth_n = lse_n - logits_nv.mean(-1)
     loss_n = (1 - label_smoothing) * nll_n + label_smoothing * smooth_n + z_loss * lse_n.square()
+    if reduction == "none":
+        return torch.where(valid_n, loss_n, 0).reshape(target.shape)
     total = torch.where(valid_n, loss_n, 0).sum()
     if reduction == "sum":
         return total

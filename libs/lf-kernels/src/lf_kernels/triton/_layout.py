@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["as_rows", "next_pow2", "unit_last"]
+__all__ = ["as_rows", "cdiv", "next_pow2", "unit_last"]
 
 
 def unit_last(t: torch.Tensor) -> torch.Tensor:
@@ -24,3 +24,8 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
 def next_pow2(n: int) -> int:
     """Smallest power of two ``>= n`` (1 for ``n <= 1``)."""
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for positive ``b``."""
+    return -(-a // b)

@@ -9,11 +9,12 @@ import torch
 
 from .._fused_reference import modulate_reference, modulation_groups
 from ._dispatch import FusedBackend, kernels, resolve_backend
-from ._layout import next_pow2, unit_last
+from ._layout import cdiv, next_pow2, unit_last
 
 __all__ = ["modulate"]
 
-_BLOCK_T = 16
+_MAX_BLOCK_D = 1024
+_FEW_TOKENS = 8  # groups with fewer tokens (per-token modulation) take one-row tiles
 
 
 def _as_bgd(t: torch.Tensor) -> torch.Tensor:
@@ -22,13 +23,15 @@ def _as_bgd(t: torch.Tensor) -> torch.Tensor:
     return t[:, None] if t.dim() == 2 else t
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+def _block_d(hidden: int) -> int:
+    """Feature block: the largest power of two <= 1024 dividing ``hidden`` (4096 -> 1024, 1536 -> 512: no masked
+    lanes, and several programs per row for the backward's partial sums), else ``next_pow2`` capped at 1024."""
+    div = hidden & -hidden
+    return min(_MAX_BLOCK_D, div) if div >= 128 else min(_MAX_BLOCK_D, next_pow2(hidden))
 
 
-def _blocks(hidden: int) -> tuple[int, int]:
-    block_d = min(256, next_pow2(hidden))
-    return block_d, _cdiv(hidden, block_d)
+def _batch_stride(t_bgd: torch.Tensor) -> int:
+    return t_bgd.stride(0) if t_bgd.shape[0] > 1 else 0
 
 
 class _ModulateFn(torch.autograd.Function):
@@ -40,14 +43,15 @@ class _ModulateFn(torch.autograd.Function):
         tpg = tokens // groups
         x_btd = x_btd.contiguous()
         y_btd = torch.empty_like(x_btd)
-        block_d, d_blocks = _blocks(hidden)
-        t_blocks = _cdiv(tpg, _BLOCK_T)
+        block_d = _block_d(hidden)
+        d_blocks = cdiv(hidden, block_d)
+        bg = batch * groups
         if x_btd.numel():
-            kernels("modulate").modulate_fwd[(batch * groups * t_blocks, d_blocks)](
-                x_btd, shift_bgd, scale_bgd, y_btd, groups, tpg, hidden, t_blocks,
-                shift_bgd.stride(0) if shift_bgd.shape[0] > 1 else 0, shift_bgd.stride(1),
-                scale_bgd.stride(0) if scale_bgd.shape[0] > 1 else 0, scale_bgd.stride(1),
-                BLOCK_T=_BLOCK_T, BLOCK_D=block_d, num_warps=4,
+            kernels("modulate").modulate_fwd(block_d, tpg < _FEW_TOKENS)[
+                lambda meta: (bg * cdiv(tpg, meta["BLOCK_R"]) * d_blocks,)](
+                x_btd, shift_bgd, scale_bgd, y_btd, groups, tpg, hidden, d_blocks,
+                _batch_stride(shift_bgd), shift_bgd.stride(1), _batch_stride(scale_bgd), scale_bgd.stride(1),
+                BLOCK_D=block_d,
             )
         ctx.save_for_backward(x_btd, scale_bgd)
         ctx.shift_meta = (shift.shape, shift.dtype, scale.shape, scale.dtype)
@@ -55,33 +59,43 @@ class _ModulateFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy_btd):
-        k = kernels()
+        tuning = kernels("tuning")
         x_btd, scale_bgd = ctx.saved_tensors
         shift_shape, shift_dtype, scale_shape, scale_dtype = ctx.shift_meta
         batch, tokens, hidden = x_btd.shape
         groups = scale_bgd.shape[1]
         tpg = tokens // groups
+        bg = batch * groups
         dy_btd = dy_btd.contiguous()
         dx_btd = torch.empty_like(x_btd)
-        block_d, d_blocks = _blocks(hidden)
-        # Enough programs to fill the GPU (8 per SM) even when one group spans all tokens.
-        wanted = _cdiv(8 * k.num_programs_hint(x_btd.device), batch * groups * d_blocks)
-        n_splits = max(1, min(_cdiv(tpg, _BLOCK_T), wanted))
-        tokens_per_split = _cdiv(_cdiv(tpg, n_splits), _BLOCK_T) * _BLOCK_T
-        n_splits = max(1, _cdiv(tpg, tokens_per_split))
-        parts = torch.zeros((2, batch * groups, n_splits, hidden), dtype=torch.float32, device=x_btd.device)
+        block_d = _block_d(hidden)
+        d_blocks = cdiv(hidden, block_d)
+        # A persistent-size grid: ~k programs per SM over (group, token split, feature block), whatever the grouping.
+        programs = tuning.sm_count(x_btd.device) * tuning.programs_per_sm(block_d, partials=2)
+        n_splits, rows_per_split = tuning.persistent_split(tpg, max(1, cdiv(programs, bg * d_blocks)))
+        n_splits = max(n_splits, 1)  # no tokens: one (empty) split
+        broadcast = shift_shape[0] == 1 and batch > 1
+        direct = n_splits == 1 and not broadcast  # each program sums a whole group: write the gradients directly
+        if direct:
+            dshift = torch.empty((bg, hidden), dtype=shift_dtype, device=x_btd.device)
+            dscale = torch.empty((bg, hidden), dtype=scale_dtype, device=x_btd.device)
+        else:
+            parts = torch.empty((2, bg * n_splits, hidden), dtype=torch.float32, device=x_btd.device)
+            dshift, dscale = parts[0], parts[1]
         if x_btd.numel():
-            kernels("modulate").modulate_bwd[(batch * groups * n_splits, d_blocks)](
-                dy_btd, x_btd, scale_bgd, dx_btd, parts[0], parts[1], groups, tpg, hidden, n_splits,
-                tokens_per_split, scale_bgd.stride(0) if scale_bgd.shape[0] > 1 else 0, scale_bgd.stride(1),
-                BLOCK_T=_BLOCK_T, BLOCK_D=block_d, num_warps=4,
+            kernels("modulate").modulate_bwd(block_d, tpg < _FEW_TOKENS)[(bg * n_splits * d_blocks,)](
+                dy_btd, x_btd, scale_bgd, dx_btd, dshift, dscale, groups, tpg, hidden, d_blocks, n_splits,
+                rows_per_split, _batch_stride(scale_bgd), scale_bgd.stride(1), BLOCK_D=block_d,
             )
-        sums_2bgd = parts.sum(2).view(2, batch, groups, hidden)
-        if shift_shape[0] == 1 and batch > 1:
-            sums_2bgd = sums_2bgd.sum(1, keepdim=True)
-        dshift = sums_2bgd[0].reshape(shift_shape).to(shift_dtype)
-        dscale = sums_2bgd[1].reshape(scale_shape).to(scale_dtype)
-        return dx_btd, dshift, dscale
+        else:
+            dshift.zero_()
+            dscale.zero_()
+        if not direct:
+            sums_2bgd = parts.view(2, batch, groups, n_splits, hidden).sum(3)
+            if broadcast:
+                sums_2bgd = sums_2bgd.sum(1, keepdim=True)
+            dshift, dscale = sums_2bgd[0].to(shift_dtype), sums_2bgd[1].to(scale_dtype)
+        return dx_btd, dshift.reshape(shift_shape), dscale.reshape(scale_shape)
 
 
 def modulate(

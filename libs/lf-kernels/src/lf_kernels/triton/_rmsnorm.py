@@ -9,18 +9,16 @@ import torch
 
 from .._fused_reference import rms_norm_reference
 from ._dispatch import FusedBackend, kernels, resolve_backend
-from ._layout import as_rows
+from ._layout import as_rows, cdiv, next_pow2
 
 __all__ = ["rms_norm"]
 
 _MAX_HIDDEN = 65536
-_PROGRAMS_PER_SM = 8  # backward: enough rows in flight per SM; each program adds one float32 dweight row
 
 
 class _RMSNormFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, residual, eps):
-        k = kernels()
         x_nd = as_rows(x)
         n, d = x_nd.shape
         y_nd = torch.empty((n, d), dtype=x.dtype, device=x.device)
@@ -31,11 +29,10 @@ class _RMSNormFn(torch.autograd.Function):
             h_nd = torch.empty((n, d), dtype=residual.dtype, device=x.device)
         else:
             r_nd, h_nd = x_nd, x_nd
-        block, warps = k.row_block(d)
         if n:
-            kernels("rmsnorm").rms_norm_fwd[(n,)](
+            kernels("rmsnorm").rms_norm_fwd(next_pow2(d))[lambda meta: (cdiv(n, meta["BLOCK_R"]),)](
                 x_nd, r_nd, weight, y_nd, h_nd, rstd_n, x_nd.stride(0), r_nd.stride(0), y_nd.stride(0),
-                h_nd.stride(0), d, eps, HAS_RES=has_res, BLOCK=block, num_warps=warps,
+                h_nd.stride(0), n, d, eps, HAS_RES=has_res, BLOCK_D=next_pow2(d),
             )
         ctx.save_for_backward(h_nd, weight, rstd_n)
         ctx.meta = (x.shape, x.dtype, has_res)
@@ -46,7 +43,6 @@ class _RMSNormFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, dres=None):
-        k = kernels()
         h_nd, weight, rstd_n = ctx.saved_tensors
         shape, x_dtype, has_res = ctx.meta
         n, d = h_nd.shape
@@ -54,15 +50,15 @@ class _RMSNormFn(torch.autograd.Function):
         has_dres = has_res and dres is not None
         dres_nd = as_rows(dres) if has_dres else dy_nd
         dh_nd = torch.empty((n, d), dtype=h_nd.dtype, device=h_nd.device)
-        programs = max(1, min(n, _PROGRAMS_PER_SM * k.num_programs_hint(h_nd.device, default=2)))
-        rows_per_program = -(-n // programs) if n else 1
-        dw_part = torch.zeros((programs, d), dtype=torch.float32, device=h_nd.device)
-        block, warps = k.row_block(d)
+        tuning = kernels("tuning")
+        block_d = next_pow2(d)
+        programs, rows_per_program = tuning.persistent_split(
+            n, tuning.sm_count(h_nd.device) * tuning.programs_per_sm(block_d))
+        dw_part = torch.empty((programs, d), dtype=torch.float32, device=h_nd.device)
         if n:
-            kernels("rmsnorm").rms_norm_bwd[(programs,)](
+            kernels("rmsnorm").rms_norm_bwd(block_d)[(programs,)](
                 dy_nd, h_nd, weight, rstd_n, dres_nd, dh_nd, dw_part, dy_nd.stride(0), h_nd.stride(0),
-                dres_nd.stride(0), dh_nd.stride(0), n, d, rows_per_program, HAS_DRES=has_dres, BLOCK=block,
-                num_warps=warps,
+                dres_nd.stride(0), dh_nd.stride(0), n, d, rows_per_program, HAS_DRES=has_dres, BLOCK_D=block_d,
             )
         dweight = dw_part.sum(0).to(weight.dtype)
         dh = dh_nd.view(shape)

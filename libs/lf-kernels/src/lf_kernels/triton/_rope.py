@@ -11,9 +11,11 @@ import torch
 
 from .._fused_reference import rotary_reference
 from ._dispatch import FusedBackend, kernels, resolve_backend
-from ._layout import next_pow2, unit_last
+from ._layout import cdiv, next_pow2, unit_last
 
 __all__ = ["apply_rotary"]
+
+_MAX_TILE = 8192  # features of one token held by one program (heads x head_dim); more heads take grid axis 1
 
 
 def _table_strides(t: torch.Tensor) -> tuple[int, int]:
@@ -29,18 +31,18 @@ def _launch(x_bhsd, cos, sin, backward: bool, interleaved: bool) -> torch.Tensor
     batch, heads, seq, head_dim = x_bhsd.shape
     rot_half = cos.shape[-1] // 2
     block_p = next_pow2(rot_half)
-    block_h = min(next_pow2(heads), max(1, 4096 // block_p))
+    block_h = min(next_pow2(heads), max(1, _MAX_TILE // (2 * block_p)))
     pass_dim = head_dim - 2 * rot_half
-    if batch * seq * heads == 0:
+    n_tokens = batch * seq
+    if n_tokens * heads == 0:
         return y_bhsd
     sc_b, sc_s = _table_strides(cos)
-    grid = (batch * seq, -(-heads // block_h))
-    kernels("rope").rotary[grid](
-        x_bhsd, cos, sin, y_bhsd, seq, heads, head_dim, rot_half,
+    head_blocks = cdiv(heads, block_h)
+    kernels("rope").rotary(block_h, block_p)[lambda meta: (cdiv(n_tokens, meta["BLOCK_S"]), head_blocks)](
+        x_bhsd, cos, sin, y_bhsd, n_tokens, seq, heads, head_dim, rot_half,
         x_bhsd.stride(0), x_bhsd.stride(1), x_bhsd.stride(2), y_bhsd.stride(0), y_bhsd.stride(1), y_bhsd.stride(2),
         sc_b, sc_s, INTERLEAVED=interleaved, BACKWARD=backward, HAS_PASS=pass_dim > 0,
         BLOCK_H=block_h, BLOCK_P=block_p, BLOCK_PASS=next_pow2(pass_dim),
-        num_warps=4,
     )
     return y_bhsd
 

@@ -9,16 +9,24 @@ import torch
 
 from .._fused_reference import swiglu_reference
 from ._dispatch import FusedBackend, kernels, resolve_backend
-from ._layout import as_rows, next_pow2
+from ._layout import as_rows, cdiv, next_pow2
 
 __all__ = ["swiglu"]
 
 _MAX_BLOCK = 1024
 
 
-def _block_grid(n: int, f: int) -> tuple[int, tuple[int, int]]:
-    block = min(_MAX_BLOCK, next_pow2(f))
-    return block, (n, -(-f // block))
+def _col_block(f: int) -> int:
+    """Column block: the largest power of two <= 1024 dividing ``f`` (no masked lanes: 1536 -> 512,
+    11008 -> 256), or ``next_pow2(f)`` capped at 1024 when that divisor is below 128."""
+    div = f & -f
+    return min(_MAX_BLOCK, div) if div >= 128 else min(_MAX_BLOCK, next_pow2(f))
+
+
+def _launch(kernel, n: int, f: int, *args) -> None:
+    block = _col_block(f)
+    col_blocks = cdiv(f, block)
+    kernel(block)[lambda meta: (cdiv(n, meta["BLOCK_R"]) * col_blocks,)](*args, n, f, col_blocks, BLOCK_D=block)
 
 
 class _SwiGLUFn(torch.autograd.Function):
@@ -27,11 +35,8 @@ class _SwiGLUFn(torch.autograd.Function):
         g_nf, u_nf = as_rows(gate), as_rows(up)
         y_nf = torch.empty(g_nf.shape, dtype=gate.dtype, device=gate.device)
         if y_nf.numel():
-            block, grid = _block_grid(*g_nf.shape)
-            kernels("swiglu").swiglu_fwd[grid](
-                g_nf, u_nf, y_nf, g_nf.stride(0), u_nf.stride(0), y_nf.stride(0), g_nf.shape[1], BLOCK=block,
-                num_warps=4,
-            )
+            _launch(kernels("swiglu").swiglu_fwd, *g_nf.shape, g_nf, u_nf, y_nf, g_nf.stride(0), u_nf.stride(0),
+                    y_nf.stride(0))
         ctx.save_for_backward(g_nf, u_nf)
         ctx.shapes = (gate.shape, up.dtype)
         return y_nf.view(gate.shape)
@@ -44,11 +49,8 @@ class _SwiGLUFn(torch.autograd.Function):
         dg_nf = torch.empty(g_nf.shape, dtype=g_nf.dtype, device=g_nf.device)
         du_nf = torch.empty(u_nf.shape, dtype=up_dtype, device=u_nf.device)
         if dg_nf.numel():
-            block, grid = _block_grid(*g_nf.shape)
-            kernels("swiglu").swiglu_bwd[grid](
-                dy_nf, g_nf, u_nf, dg_nf, du_nf, dy_nf.stride(0), g_nf.stride(0), u_nf.stride(0), dg_nf.stride(0),
-                du_nf.stride(0), g_nf.shape[1], BLOCK=block, num_warps=4,
-            )
+            _launch(kernels("swiglu").swiglu_bwd, *g_nf.shape, dy_nf, g_nf, u_nf, dg_nf, du_nf, dy_nf.stride(0),
+                    g_nf.stride(0), u_nf.stride(0), dg_nf.stride(0), du_nf.stride(0))
         return dg_nf.view(shape), du_nf.view(shape)
 
 

@@ -1,22 +1,35 @@
 """adaLN modulation kernels on ``x`` viewed as ``(batch * groups, tokens_per_group, hidden)``, contiguous.
 
-Forward: one program per (group, block of tokens, block of features).
-Backward: one program per (group, token split, block of features) walks its
-tokens, writes ``dx`` and float32 partial sums of ``dshift = sum dy`` and
-``dscale = sum dy * x``; the host sums the splits.
+Tiles are ``(BLOCK_R tokens, BLOCK_D features)`` inside one group, so each
+program loads its group's ``shift`` / ``scale`` block once.
+
+Forward: one program per (group, token block, feature block).
+Backward: one program per (group, token split, feature block) walks a
+contiguous run of ``rows_per_split`` tokens in tiles, writes ``dx`` and keeps
+``dshift = sum dy`` and ``dscale = sum dy * x`` in float32 registers (``(BLOCK_R, BLOCK_D)``
+accumulators, reduced over rows after the loop), stored once
+per program (``DSHIFT_PART`` / ``DSCALE_PART``, ``(batch * groups * n_splits, hidden)``,
+in the buffers' dtype); the host sums the splits. Bytes: reads ``dy``, ``x``,
+writes ``dx``, plus the partials.
 """
+
+import functools
 
 import triton
 import triton.language as tl
 
+from .tuning import autotuned, row_configs
+
 
 @triton.jit
-def modulate_fwd(X, SHIFT, SCALE, Y, groups, tokens_per_group, hidden, t_blocks, ss_b, ss_g, sc_b, sc_g,
-                 BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
-    bg = pid // t_blocks
-    t = (pid % t_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+def _modulate_fwd(X, SHIFT, SCALE, Y, groups, tokens_per_group, hidden, d_blocks, ss_b, ss_g, sc_b, sc_g,
+                  BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+    pid = tl.program_id(0)
+    t_blocks = tl.cdiv(tokens_per_group, BLOCK_R)
+    cols = (pid % d_blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
+    rest = pid // d_blocks
+    bg = (rest // t_blocks).to(tl.int64)
+    t = (rest % t_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)
     c_mask = cols < hidden
     b = bg // groups
     g = bg % groups
@@ -24,34 +37,54 @@ def modulate_fwd(X, SHIFT, SCALE, Y, groups, tokens_per_group, hidden, t_blocks,
     scale = tl.load(SCALE + b * sc_b + g * sc_g + cols, mask=c_mask, other=0.0).to(tl.float32)
     mask = (t < tokens_per_group)[:, None] & c_mask[None, :]
     offs = (bg * tokens_per_group + t)[:, None] * hidden + cols[None, :]
-    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(X + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
     y = x * (1.0 + scale[None, :]) + shift[None, :]
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def modulate_bwd(DY, X, SCALE, DX, DSHIFT_PART, DSCALE_PART, groups, tokens_per_group, hidden, n_splits,
-                 tokens_per_split, sc_b, sc_g, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
-    bg = pid // n_splits
-    split = pid % n_splits
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+def _modulate_bwd(DY, X, SCALE, DX, DSHIFT_PART, DSCALE_PART, groups, tokens_per_group, hidden, d_blocks, n_splits,
+                  rows_per_split, sc_b, sc_g, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = (pid % d_blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
+    rest = pid // d_blocks
+    split = rest % n_splits
+    bg = (rest // n_splits).to(tl.int64)
     c_mask = cols < hidden
     b = bg // groups
     g = bg % groups
     scale = tl.load(SCALE + b * sc_b + g * sc_g + cols, mask=c_mask, other=0.0).to(tl.float32)
-    acc_shift = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    acc_scale = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    t_start = split * tokens_per_split
-    for t0 in range(0, tokens_per_split, BLOCK_T):
-        t = t_start + t0 + tl.arange(0, BLOCK_T)
-        mask = (t < tokens_per_group)[:, None] & c_mask[None, :]
+    acc_shift = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)  # reduced over rows once, after the loop
+    acc_scale = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+    t_start = split * rows_per_split
+    t_end = tl.minimum(t_start + rows_per_split, tokens_per_group)
+    for i in range(0, t_end - t_start, BLOCK_R):
+        t = t_start + i + tl.arange(0, BLOCK_R)
+        mask = (t < t_end)[:, None] & c_mask[None, :]
         offs = (bg * tokens_per_group + t)[:, None] * hidden + cols[None, :]
-        dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        x = tl.load(X + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         tl.store(DX + offs, (dy * (1.0 + scale[None, :])).to(DX.dtype.element_ty), mask=mask)
-        acc_shift += tl.sum(dy, axis=0)
-        acc_scale += tl.sum(dy * x, axis=0)
+        acc_shift += dy
+        acc_scale += dy * x
     part = (bg * n_splits + split) * hidden + cols
-    tl.store(DSHIFT_PART + part, acc_shift, mask=c_mask)
-    tl.store(DSCALE_PART + part, acc_scale, mask=c_mask)
+    tl.store(DSHIFT_PART + part, tl.sum(acc_shift, axis=0).to(DSHIFT_PART.dtype.element_ty), mask=c_mask)
+    tl.store(DSCALE_PART + part, tl.sum(acc_scale, axis=0).to(DSCALE_PART.dtype.element_ty), mask=c_mask)
+
+
+def _configs(block_d: int, few_tokens: bool, regs_per_elem: float):
+    """Token tiles: 1 row when groups hold few tokens (per-token modulation), else tuned."""
+    return row_configs(block_d, rows=(1,) if few_tokens else (1, 2, 4, 8, 16), min_elems=1 if few_tokens else 8,
+                       regs_per_elem=regs_per_elem)
+
+
+@functools.cache
+def modulate_fwd(block_d: int, few_tokens: bool):
+    """Forward tuned for ``block_d``; grid ``(batch * groups * cdiv(tokens_per_group, BLOCK_R) * d_blocks,)``."""
+    return autotuned(_modulate_fwd, _configs(block_d, few_tokens, 2.5), key=["hidden"])
+
+
+@functools.cache
+def modulate_bwd(block_d: int, few_tokens: bool):
+    """Backward tuned for ``block_d``; grid ``(batch * groups * n_splits * d_blocks,)``."""
+    return autotuned(_modulate_bwd, _configs(block_d, few_tokens, 6.0), key=["hidden"])
