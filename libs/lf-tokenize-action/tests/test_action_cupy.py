@@ -47,3 +47,14 @@ def test_binning_encode_decode_on_cupy_returns_cupy_and_matches_numpy():
     decoded = tok.decode(bins)
     assert isinstance(decoded, cupy.ndarray)
     np.testing.assert_array_equal(decoded.get(), tok.decode(tok.encode(x)))
+
+
+def test_fast_decode_on_cupy_returns_float64_cupy_equal_to_numpy():
+    """FAST decode of the same ids: cupy in, float64 cupy out, equal to the numpy path."""
+    x = _chunks()
+    tok = FastTokenizer.fit(x, scale=20.0, vocab_size=512)
+    ids = tok.encode(x)
+    want = tok.decode(ids, horizon=x.shape[1])
+    got = tok.decode([cupy.asarray(i) for i in ids], horizon=x.shape[1])
+    assert isinstance(got, cupy.ndarray) and got.dtype == cupy.float64
+    np.testing.assert_array_equal(got.get(), want)

@@ -14,4 +14,4 @@ from ._fast import FastTokenizer
 from ._vocab import ActionVocab
 
 __all__ = ["ActionDecodeError", "ActionVocab", "BinningTokenizer", "FastTokenizer"]
-__version__ = "0.3.1"
+__version__ = "0.3.2"

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ._arrays import as_float_array, as_int_array, from_numpy
+from ._arrays import CUPY, as_float_array, as_int_array, from_numpy
 from ._binning_io import BINNINGS, LAYOUTS, binning_kwargs_from_dict, binning_to_dict
 from ._bounds import DEFAULT_STD_K, bounds_from_actions, bounds_from_stats, normalize_unclipped, unnormalize, vector
 from ._io import read_json, write_json_atomic
@@ -303,7 +303,7 @@ class BinningTokenizer:
     def decode(self, bins: Any) -> Any:
         """Bins ``(..., D)`` int -> actions ``(..., D)`` float64 at bin centres, in action units.
 
-        Torch input gives a float32 tensor on the input's device.
+        Torch input gives a float32 tensor on the input's device; cupy input a float64 cupy array.
 
         Raises:
             TypeError: ``bins`` is not of an integer dtype.
@@ -317,9 +317,9 @@ class BinningTokenizer:
         else:
             centres = self._centers[np.arange(self.action_dim), arr]
         actions = unnormalize(centres, self.low, self.high, self.normalize_mask)
-        if device is not None:
+        if device is not None and device != CUPY:
             return from_numpy(actions.astype(np.float32), device)
-        return actions
+        return from_numpy(actions, device)
 
     # ------------------------------------------------------------------ persistence
     def to_dict(self) -> dict[str, Any]:

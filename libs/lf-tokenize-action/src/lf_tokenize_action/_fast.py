@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from ._arrays import as_float_array, check_finite, from_numpy, to_numpy
+from ._arrays import CUPY, as_float_array, check_finite, from_numpy, to_numpy
 from ._bounds import DEFAULT_STD_K, bounds_from_actions, bounds_from_stats, normalize_unclipped, unnormalize, vector
 from ._dct import array_module, dct_time, idct_time, is_cupy_array
 from ._errors import ActionDecodeError
@@ -258,8 +258,9 @@ class FastTokenizer:
                 failed[r] = True
         actions = self.reconstruct(coeffs.reshape(len(rows), horizon, self.action_dim))
         actions[failed] = np.nan
-        if device is not None:
-            actions, failed = from_numpy(actions.astype(np.float32), device), from_numpy(failed, device)
+        if device is not None:  # torch: float32 tensors; cupy: float64 like numpy
+            actions = from_numpy(actions if device == CUPY else actions.astype(np.float32), device)
+            failed = from_numpy(failed, device)
         return (actions, failed) if on_error == "mask" else actions
 
     def _decode_row(self, ids: np.ndarray, r: int, expected: int, out: np.ndarray) -> ActionDecodeError | None:
