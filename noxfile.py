@@ -23,7 +23,7 @@ LIBS: dict[str, tuple[str, str, list[str]]] = {
     "lf-kernels": ("libs/lf-kernels", "[test]", []),
     "lf-ir": ("libs/lf-ir", "[test]", ["lf-kernels"]),
     "lf-memory": ("libs/lf-memory", "", ["lf-kernels", "lf-ir"]),
-    "lf-parallel": ("libs/lf-parallel", "", ["lf-kernels", "lf-ir", "lf-memory"]),
+    "lf-parallel": ("libs/lf-parallel", "[test]", ["lf-kernels", "lf-ir", "lf-memory"]),
     "lf-data": ("libs/lf-data", "[sim,test]", ["lf-tokenize-action"]),
     "lf-orchestrator": ("apps/lf-orchestrator", "[test]", ["lf-tokenize-action", "lf-kernels", "lf-ir",
                                                      "lf-memory", "lf-parallel", "lf-data"]),

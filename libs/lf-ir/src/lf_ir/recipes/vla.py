@@ -17,6 +17,8 @@ Legend: ``x_bsd`` (batch, seq, dim); images are uint8 (batch, H, W, 3).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 import torch
 from torch import nn
@@ -64,6 +66,9 @@ class VLAConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Action dimensions per time step."""
     action_horizon: int = 4
     """Time steps per predicted action chunk."""
+    action_tokens: int = 0
+    """Action token positions per sample; 0: ``action_horizon * action_dim`` (one binned token per value).
+    Variable-length tokenizers (FAST) set the longest encoding + 1 (the end-of-action token)."""
     dim: int = 192
     """Backbone width."""
     layers: int = 4
@@ -73,7 +78,23 @@ class VLAConfig(msgspec.Struct, frozen=True, kw_only=True):
     kv_heads: int = 6
     """Backbone key/value heads (GQA when smaller than heads)."""
     mlp_ratio: int = 4
-    """MLP hidden width as a multiple of the model width."""
+    """MLP hidden width as a multiple of the model width (when ``hidden`` / ``vision_hidden`` are 0)."""
+    vision_hidden: int = 0
+    """Vision encoder MLP hidden width; 0: ``vision_dim * mlp_ratio``."""
+    hidden: int = 0
+    """Backbone MLP hidden width; 0: ``dim * mlp_ratio``."""
+    mlp_activation: Literal["gelu", "swiglu"] = "gelu"
+    """Backbone MLPs: GELU with biases, or SwiGLU without (Llama's). The vision encoder's stay GELU."""
+
+    @property
+    def vision_mlp_hidden(self) -> int:
+        """Vision encoder MLP hidden width in features."""
+        return self.vision_hidden or self.vision_dim * self.mlp_ratio
+
+    @property
+    def mlp_hidden(self) -> int:
+        """Backbone MLP hidden width in features."""
+        return self.hidden or self.dim * self.mlp_ratio
 
     @property
     def vocab_size(self) -> int:
@@ -81,7 +102,8 @@ class VLAConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def num_action_tokens(self) -> int:
-        return self.action_horizon * self.action_dim
+        """Action token positions per sample: ``action_tokens``, or ``action_horizon * action_dim`` when 0."""
+        return self.action_tokens or self.action_horizon * self.action_dim
 
     @property
     def prefix_len(self) -> int:
@@ -93,15 +115,23 @@ class VLAConfig(msgspec.Struct, frozen=True, kw_only=True):
         return self.prefix_len + self.num_action_tokens - 1
 
 
-SIZES: dict[str, dict[str, int]] = {
+SIZES: dict[str, dict[str, int | str]] = {
     "tiny": dict(vision_dim=32, vision_layers=1, vision_heads=2, dim=32, layers=2, heads=4,
                  kv_heads=2, mlp_ratio=2),
     "small": {},
+    # OpenVLA-class (arXiv 2406.09246) at ~3.4B: a SigLIP-So400m/14-shaped encoder at 224 px (27 layers, 1152 wide,
+    # MLP 4304; 256 patches) and a Llama-3.2-3B-shaped backbone (28 layers, 3072 wide, 24 query / 8 kv heads of
+    # 128, SwiGLU 8192) over Llama 2's 32,000 text ids + 256 action bins, head untied. Differences from those
+    # models: LayerNorm and learned positions instead of RMSNorm and RoPE; bias-free ViT attention projections.
+    # Instruction, state and action chunk keep the Meta-World defaults (16 tokens, 39-d state, 4 x 4 actions).
+    "3B": dict(image_size=224, patch_size=14, vision_dim=1152, vision_layers=27, vision_heads=16, vision_hidden=4304,
+               text_vocab_size=32000, dim=3072, layers=28, heads=24, kv_heads=8, hidden=8192,
+               mlp_activation="swiglu"),
 }
-"""Named sizes: overrides of the VLAConfig defaults."""
+"""Named sizes: overrides of the VLAConfig defaults ("small" is the Meta-World run)."""
 
 
-def vla_config(size: str = "small", **overrides: int) -> VLAConfig:
+def vla_config(size: str = "small", **overrides) -> VLAConfig:
     """The config of a named size with field overrides; ValueError on an unknown size."""
     if size not in SIZES:
         raise ValueError(f"model.size: unknown VLA size {size!r}; expected one of {sorted(SIZES)}")
@@ -109,14 +139,15 @@ def vla_config(size: str = "small", **overrides: int) -> VLAConfig:
 
 
 def _blocks(prefix: str, n: int, dim: int, heads: int, kv_heads: int, hidden: int,
-            mask: str | Mask) -> list[TransformerBlock]:
+            mask: str | Mask, activation: str = "gelu") -> list[TransformerBlock]:
     return [TransformerBlock(
         name=f"{prefix}{i}",
         attn_norm=Norm(name=f"{prefix}{i}.attn_norm", dim=dim),
         attention=Attention(name=f"{prefix}{i}.attention", dim=dim, heads=heads,
                             kv_heads=kv_heads, mask=mask),
         mlp_norm=Norm(name=f"{prefix}{i}.mlp_norm", dim=dim),
-        mlp=MLP(name=f"{prefix}{i}.mlp", dim=dim, hidden=hidden)) for i in range(n)]
+        mlp=MLP(name=f"{prefix}{i}.mlp", dim=dim, hidden=hidden, activation=activation,
+                bias=activation == "gelu")) for i in range(n)]
 
 
 def build_graph(cfg: VLAConfig) -> Graph:
@@ -127,7 +158,7 @@ def build_graph(cfg: VLAConfig) -> Graph:
                      patch_size=cfg.patch_size, dim=cfg.vision_dim),
         LearnedPositional(name="pos", length=patches, dim=cfg.vision_dim),
         *_blocks("block", cfg.vision_layers, cfg.vision_dim, cfg.vision_heads,
-                 cfg.vision_heads, cfg.vision_dim * cfg.mlp_ratio, "full"),
+                 cfg.vision_heads, cfg.vision_mlp_hidden, "full"),
         Norm(name="norm", dim=cfg.vision_dim),
         Linear(name="proj", in_features=cfg.vision_dim, out_features=cfg.dim),
     ])
@@ -139,7 +170,7 @@ def build_graph(cfg: VLAConfig) -> Graph:
     backbone = Component(name="backbone", modality="sequence", seq_len=cfg.seq_len, nodes=[
         LearnedPositional(name="pos", length=cfg.seq_len, dim=cfg.dim),
         *_blocks("block", cfg.layers, cfg.dim, cfg.heads, cfg.kv_heads,
-                 cfg.dim * cfg.mlp_ratio, Mask(kind="prefix_lm", prefix_len=cfg.prefix_len)),
+                 cfg.mlp_hidden, Mask(kind="prefix_lm", prefix_len=cfg.prefix_len), cfg.mlp_activation),
         Norm(name="norm", dim=cfg.dim),
         Linear(name="head", in_features=cfg.dim, out_features=cfg.vocab_size, bias=False),
     ])
@@ -227,7 +258,10 @@ class VLAModel(nn.Module):
         return x_bsd
 
     def trunk_head(self, x_bsd: torch.Tensor, *side: torch.Tensor) -> torch.Tensor:
-        """Pipeline glue: final norm and head at the action positions, logits (batch, n_actions, vocab)."""
+        """Pipeline glue: final norm and head, logits at the action positions (batch, n_actions, vocab).
+
+        The norm and head run on every position, as the IR graph (and so its FLOPs and saved bytes) says.
+        """
         backbone = self.components["backbone"]
         return backbone(x_bsd, start=block_span(backbone)[1])[:, self.cfg.prefix_len - 1:]
 
@@ -260,14 +294,21 @@ class VLAModel(nn.Module):
         return loss, {"token_accuracy": correct}
 
     @torch.no_grad()
-    def generate(self, image, instruction_ids, instruction_mask, state) -> torch.Tensor:
-        """Greedy action tokens (batch, num_action_tokens) int64, restricted to the action ids."""
+    def generate(self, image, instruction_ids, instruction_mask, state, *, eos_id: int | None = None) -> torch.Tensor:
+        """Greedy action tokens (batch, num_action_tokens) int64, restricted to the action ids.
+
+        With ``eos_id`` (an action id ending a variable-length sequence, FAST's end-of-action) decoding stops
+        once every row holds it, so the output may be shorter: (batch, <= num_action_tokens); tokens after a
+        row's first ``eos_id`` are whatever was decoded while other rows went on.
+        """
         cfg = self.cfg
         prefix, padding = self.encode_prefix(image, instruction_ids, instruction_mask, state)
         out = torch.empty(image.shape[0], 0, dtype=torch.long, device=image.device)
         for _ in range(cfg.num_action_tokens):
             logits = self.decode(prefix, padding, out)[:, -1, cfg.text_vocab_size:]
             out = torch.cat([out, logits.argmax(-1, keepdim=True) + cfg.text_vocab_size], dim=1)
+            if eos_id is not None and bool((out == eos_id).any(dim=1).all()):
+                break
         return out
 
 
