@@ -84,7 +84,7 @@ def test_version_and_schema():
     out = runner.invoke(app, ["--version"])
     import lf_orchestrator
 
-    assert out.exit_code == 0 and out.output.strip() == f"lf {lf_orchestrator.__version__}" == "lf 0.4.1"
+    assert out.exit_code == 0 and out.output.strip() == f"lf {lf_orchestrator.__version__}" == "lf 0.5.0"
     schema = runner.invoke(app, ["config", "schema"])
     assert schema.exit_code == 0 and '"TrainSection"' in schema.output
 
@@ -92,7 +92,7 @@ def test_version_and_schema():
 def test_early_checks_name_the_key():
     """Oracle: the key each bad value belongs to; all fail before any run folder exists."""
     cases = {"data.tasks=['reach-v33']": "data.tasks: unknown Meta-World task 'reach-v33'; did you mean",
-             "model.size='huge'": "model.size: expected one of ['small', 'tiny'], got 'huge'",
+             "model.size='huge'": "model.size: expected one of ['3B', 'small', 'tiny'], got 'huge'",
              "model.overrides.bogus=3": "model.overrides: unknown field 'bogus'",
              "run.seed=-1": "run.seed: expected a value >= 0, got -1",
              "train.warmup_steps=5000": "train.warmup_steps: expected at most train.steps (1500)",

@@ -144,4 +144,6 @@ def test_pipeline_plans_refused_before_launch():
     why = _pipeline_unsupported(plan, cfg("qwen2_vl"), vlm)
     assert "llm family" in why and "qwen2_vl" in why, why
     assert "lora_rank" in _pipeline_unsupported(plan, cfg("llama3", lora=4), llama)
-    assert "cp is not wired" in _supported(Plan(cp=2), False)
+    assert "model.recipe = 'qwen2_vl'" in _supported(Plan(cp=2), False, "qwen2_vl")
+    assert _supported(Plan(cp=2), False, "wan_dit") is None
+    assert "tp > 1" in _supported(Plan(cp=2, tp=2), False, "llama3")

@@ -122,12 +122,14 @@ def test_auto_recompute_and_offload_train_identically(tiny_config, tmp_path):
     assert _losses(tmp_path / "none") == _losses(tmp_path / "auto")
 
 
-def test_resume_continues_exactly(tiny_config, tmp_path):
-    """Stop after step 4 (checkpoint at 3), resume: steps 4..6 equal the uninterrupted run."""
+@pytest.mark.parametrize("kind", ["binning", "fast"])
+def test_resume_continues_exactly(tiny_config, tmp_path, kind):
+    """Stop after step 4 (checkpoint at 3), resume: steps 4..6 equal the uninterrupted run (binning and FAST
+    action tokens: the resumed run reloads the fitted tokenizer from the run folder)."""
     from lf_orchestrator.trainer import Trainer
     from lf_parallel import init_distributed
 
-    cfg = load_config(tiny_config, ["eval.at_end=false"])
+    cfg = load_config(tiny_config, ["eval.at_end=false", f"action_tokenizer.kind='{kind}'"])
     ctx = init_distributed("cpu")
     full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
     full_dir.mkdir()

@@ -5,7 +5,8 @@ normalization and model shape. Everything a run needs to act again is written
 to (and read back from) its run folder:
 
     instruction_tokenizer.json   HF tokenizers file
-    action_tokenizer.json        lf-tokenize-action binning tokenizer
+    action_tokenizer.json        lf-tokenize-action binning or FAST tokenizer
+    action_tokens.json           FAST only: the target layout (max_action_tokens; :mod:`._fast_actions`)
     normalization.json           state mean/std (vla_flow: and action mean/std)
     model.json                   the recipe name, its config and its IR graph
 
@@ -25,6 +26,7 @@ from tokenizers import Tokenizer
 from lf_data import LeRobotDataset, VLABatchEncoder, build_instruction_tokenizer
 from lf_ir import VLAConfig, VLAModel, materialize, to_json, vla_config
 from lf_ir.recipes.vla_flow import VLAFlowConfig, VLAFlowModel, vla_flow_config
+from lf_orchestrator._fast_actions import FastBatchEncoder, fit_fast_encoder, load_fast_encoder
 from lf_orchestrator.checkpoint import write_text_atomic
 from lf_orchestrator.config import Config, ConfigError
 from lf_orchestrator.flow_batch import FlowBatchEncoder
@@ -47,6 +49,10 @@ def build_encoder(cfg: Config, dataset: LeRobotDataset) -> VLABatchEncoder | Flo
         return FlowBatchEncoder(build_instruction_tokenizer(dataset.tasks), state["mean"], state["std"],
                                 action["mean"], action["std"], max_instruction_len=cfg.data.max_instruction_len)
     tok = cfg.action_tokenizer
+    if tok.kind == "fast":
+        state = _stats(dataset, STATE_KEY)
+        return fit_fast_encoder(cfg, dataset, build_instruction_tokenizer(dataset.tasks),
+                                _stats(dataset, ACTION_KEY), state["mean"], state["std"])
     action_tokenizer = BinningTokenizer.fit(_stats(dataset, ACTION_KEY), n_bins=tok.n_bins,
                                             bounds=tok.bounds)
     state = _stats(dataset, STATE_KEY)
@@ -66,6 +72,8 @@ def save_encoder(encoder: VLABatchEncoder | FlowBatchEncoder, run_dir: Path) -> 
     encoder.action_tokenizer.save(run_dir / "action_tokenizer.json")
     write_text_atomic(run_dir / "normalization.json", json.dumps(
         {"state_mean": encoder.state_mean.tolist(), "state_std": encoder.state_std.tolist()}))
+    if isinstance(encoder, FastBatchEncoder):
+        encoder.save_layout(run_dir)
 
 
 def load_encoder(cfg: Config, run_dir: Path) -> VLABatchEncoder | FlowBatchEncoder:
@@ -77,6 +85,9 @@ def load_encoder(cfg: Config, run_dir: Path) -> VLABatchEncoder | FlowBatchEncod
         if not (run_dir / name).is_file():
             raise FileNotFoundError(f"run folder {run_dir}: missing {name}")
     norm = json.loads((run_dir / "normalization.json").read_text())
+    if cfg.action_tokenizer.kind == "fast":
+        return load_fast_encoder(cfg, run_dir, Tokenizer.from_file(str(run_dir / "instruction_tokenizer.json")),
+                                 norm["state_mean"], norm["state_std"])
     return VLABatchEncoder(Tokenizer.from_file(str(run_dir / "instruction_tokenizer.json")),
                            BinningTokenizer.load(run_dir / "action_tokenizer.json"),
                            norm["state_mean"], norm["state_std"],
@@ -94,11 +105,12 @@ def model_config(cfg: Config, encoder: VLABatchEncoder | FlowBatchEncoder) -> VL
         return vla_config(cfg.model.size, **{
             "image_size": cfg.data.image_size,
             "text_vocab_size": encoder.text_vocab_size,
-            "n_action_bins": encoder.action_tokenizer.n_bins,
+            "n_action_bins": encoder.vocab.n_bins,
             "max_instruction_len": cfg.data.max_instruction_len,
             "state_dim": int(encoder.state_mean.shape[0]),
             "action_dim": encoder.action_tokenizer.action_dim,
             "action_horizon": cfg.data.action_horizon,
+            **({"action_tokens": encoder.max_action_tokens + 1} if isinstance(encoder, FastBatchEncoder) else {}),
             **cfg.model.overrides})
     except (TypeError, ValueError) as err:
         raise ConfigError(f"model: {err}") from None

@@ -76,18 +76,20 @@ class ActionNormalizer:
     def __init__(self, encoder: Any):
         self.encoder = encoder
         self.kind = "mean_std" if hasattr(encoder, "action_mean") else "bounds"
+        # FAST encoders keep their bounds apart from the tokenizer (``action_bounds``); binning's is the tokenizer
+        self._bounds = getattr(encoder, "action_bounds", getattr(encoder, "action_tokenizer", None))
 
     def normalize(self, actions: np.ndarray) -> np.ndarray:
         """Actions (..., A) in action units -> float32 normalized units."""
         if self.kind == "mean_std":
             return ((actions - self.encoder.action_mean) / self.encoder.action_std).astype(np.float32)
-        return self.encoder.action_tokenizer.normalize(actions).astype(np.float32)
+        return self._bounds.normalize(actions).astype(np.float32)
 
     def unnormalize(self, normalized: np.ndarray) -> np.ndarray:
         """Normalized (..., A) -> float64 action units."""
         if self.kind == "mean_std":
             return normalized.astype(np.float64) * self.encoder.action_std + self.encoder.action_mean
-        return self.encoder.action_tokenizer.unnormalize(np.clip(normalized, -1.0, 1.0))
+        return self._bounds.unnormalize(np.clip(normalized, -1.0, 1.0))
 
 
 def _arrays(dataset: LeRobotDataset, encoder: Any, norm: ActionNormalizer) -> dict[str, torch.Tensor]:

@@ -108,6 +108,10 @@ def print_eval(report: dict) -> None:
     for row in report["tasks"]:
         cells = [row["task"], str(row["episodes"]), pct(row["vla_success"]), pct(row.get("random_success"))]
         table.add_row(*cells, *((pct(row.get("bc_mlp_success")),) if bc else ()))
+    if "invalid_action_chunks" in report:  # FAST: sequences that decoded to no chunk (zero actions instead)
+        chunks = sum(row.get("action_chunks", 0) for row in report["tasks"])
+        table.caption = f"VLA action chunks that did not decode (zero actions instead): " \
+                        f"{report['invalid_action_chunks']} of {chunks}"
     make_console().print(table)
 
 

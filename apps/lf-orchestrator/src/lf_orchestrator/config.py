@@ -67,12 +67,20 @@ class DataSection(_Section):
 
 
 class ActionTokenizerSection(_Section):
-    kind: Literal["binning"] = "binning"
-    """Action tokenizer (lf-tokenize-action)."""
+    kind: Literal["binning", "fast"] = "binning"
+    """Action tokenizer (lf-tokenize-action): ``binning`` (one token per action value, OpenVLA) or ``fast``
+    (DCT + BPE, a variable number of tokens per chunk and an end-of-action token, pi0-FAST)."""
     n_bins: int = 256
-    """Bins per action dimension."""
+    """Binning: bins per action dimension."""
     bounds: Literal["q01_q99", "min_max"] = "q01_q99"
-    """Normalization bounds taken from the dataset statistics."""
+    """Normalization bounds taken from the dataset statistics (both kinds)."""
+    scale: float = 10.0
+    """FAST: DCT coefficients are ``round(scale * dct(normalized chunk))`` (the paper's 10)."""
+    vocab_size: int = 1024
+    """FAST: BPE vocabulary size (ids; the end-of-action token comes on top)."""
+    max_action_tokens: int = 0
+    """FAST: tokens per chunk before the end-of-action token; 0 = the longest encoding of the training chunks.
+    A training chunk that encodes longer than a set value is an error."""
 
 
 class ModelSection(_Section):
@@ -152,7 +160,13 @@ class ParallelSection(_Section):
     """Manual plan: micro-batches per step."""
     spec: str = ""
     """llm/vlm/video families, manual plan: an lf-parallel plan string (e.g. ``"tp=2,zero=3"``), parsed and
-    checked against the model before launch; overrides ``dp``/``micro_batch``/``grad_accum``."""
+    checked against the model before launch; overrides ``dp``/``micro_batch``/``grad_accum``. Context parallel:
+    ``"cp=2"`` or ``"dp=2,cp=2"`` (video and llm families; every cp rank of a dp group reads the same samples and
+    holds 1/cp of each sample's tokens)."""
+    cp_kind: Literal["", "ring", "ulysses", "ring+ulysses"] = ""
+    """Context-parallel attention of a ``spec`` with ``cp > 1``: ``ring`` (k/v passed around the cp group, any
+    mask; dense block scores) or ``ulysses`` (all-to-all to heads, then flash/SDPA; heads must divide by cp).
+    ``""`` (unset): the spec's ``cp_kind=...``, else ``ring``. The recipe trainer runs ``ring`` and ``ulysses``."""
 
 
 class EvalSection(_Section):
@@ -318,6 +332,7 @@ def check_config(cfg: Config, where: str = "config") -> Config:
                        ("data.workers", d.workers), ("data.action_horizon", d.action_horizon),
                        ("data.max_instruction_len", d.max_instruction_len),
                        ("action_tokenizer.n_bins", cfg.action_tokenizer.n_bins),
+                       ("action_tokenizer.vocab_size", cfg.action_tokenizer.vocab_size),
                        ("eval.episodes", e.episodes), ("eval.max_steps", e.max_steps),
                        ("parallel.dp", cfg.parallel.dp),
                        ("memory.recompute_every", cfg.memory.recompute_every),
@@ -325,6 +340,10 @@ def check_config(cfg: Config, where: str = "config") -> Config:
                        ("parallel.grad_accum", cfg.parallel.grad_accum)]:
         _require(value >= 1, where, key, "an integer >= 1", value)
     _require(t.lr > 0, where, "train.lr", "a number > 0", t.lr)
+    _require(cfg.action_tokenizer.scale > 0, where, "action_tokenizer.scale", "a number > 0",
+             cfg.action_tokenizer.scale)
+    _require(cfg.action_tokenizer.max_action_tokens >= 0, where, "action_tokenizer.max_action_tokens",
+             "an integer >= 0 (0 = from the data)", cfg.action_tokenizer.max_action_tokens)
     _require(cfg.memory.recompute != "auto" or cfg.memory.budget_gib > 0, where, "memory.budget_gib",
              'a number > 0 with memory.recompute = "auto"', cfg.memory.budget_gib)
     _require(cfg.memory.budget_gib >= 0, where, "memory.budget_gib", "a number >= 0", cfg.memory.budget_gib)
@@ -395,6 +414,9 @@ def _check_model(cfg: Config, where: str) -> None:
     if bad:
         raise ConfigError(f"{where}: model.overrides: unknown field {bad[0]!r} for recipe {m.recipe!r}; "
                           f"fields: {sorted(fields)}")
+    if m.recipe == "vla" and "action_tokens" in m.overrides:
+        raise ConfigError(f"{where}: model.overrides: 'action_tokens' is set by the action tokenizer "
+                          f"(binning: horizon x dims; FAST: action_tokenizer.max_action_tokens + 1); remove it")
     try:
         build_graph(RecipeConfig(**{**SIZES[m.size], **m.overrides}))
     except (ValueError, TypeError, _msgspec.ValidationError) as err:

@@ -83,8 +83,8 @@ class VLAPolicy:
             obs = (batch["image"], batch["instruction_ids"], batch["instruction_mask"], batch["state"])
             if hasattr(self.model, "sample_actions"):  # flow matching: normalized action chunks
                 out = self.model.sample_actions(*obs, generator=self.generator)
-            else:  # action tokens
-                out = self.model.generate(*obs)
+            else:  # action tokens (FAST: until the end-of-action token)
+                out = self.model.generate(*obs, eos_id=getattr(self.encoder, "eos_id", None))
         return self.encoder.decode_actions(out)
 
 
@@ -204,7 +204,12 @@ def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = 
         pending = pool.submit(_baselines, tasks, policy.model.cfg.action_dim, policy.horizon, kw, baseline,
                               str(run_dir) if bc_record is not None else None
                               ) if baseline or bc_record is not None else None
-        vla = {task: rollout(policy, task, **kw) for task in tasks}
+        vla, invalid = {}, {}  # FAST: chunks decoded / fallen back to zero actions, per task
+        for task in tasks:
+            before = dict(getattr(policy.encoder, "decode_counts", {}))
+            vla[task] = rollout(policy, task, **kw)
+            if hasattr(policy.encoder, "decode_counts"):
+                invalid[task] = {k: v - before[k] for k, v in policy.encoder.decode_counts.items()}
         others = pending.result() if pending is not None else {}
     rnd, bc = others.get("random", {}), others.get("bc_mlp", {})
     rows = []
@@ -213,6 +218,8 @@ def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = 
                "vla_successes": [bool(x) for x in vla[task]]}
         if task in rnd:
             row["random_success"] = sum(rnd[task]) / episodes
+        if task in invalid:
+            row["action_chunks"], row["invalid_action_chunks"] = invalid[task]["chunks"], invalid[task]["invalid"]
         if task in bc:
             row["bc_mlp_success"] = sum(bc[task]) / episodes
             row["bc_mlp_successes"] = [bool(x) for x in bc[task]]
@@ -220,6 +227,8 @@ def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = 
     report = {"run_dir": str(run_dir), "checkpoint": str(latest_checkpoint(run_dir)),
               "eval_seed": e.seed, "max_steps": e.max_steps, "seconds": time.perf_counter() - t0,
               "tasks": rows}
+    if invalid:
+        report["invalid_action_chunks"] = sum(v["invalid"] for v in invalid.values())
     if bc_record is not None:
         report["bc_mlp"] = {k: v for k, v in bc_record.items() if k != "loss_curve"}
     write_text_atomic(run_dir / out_name, json.dumps(report, indent=1))

@@ -7,7 +7,9 @@ pipeline-parallel step, :mod:`lf_orchestrator.families._pipeline_step`), and :fu
 learning-rate schedule.
 
 Per step: ``trainer.train_step()``; every ``train.log_every`` steps (and the last) the scalars go to
-``metrics.jsonl`` / TensorBoard with the throughput of the window since the previous log line; every
+``metrics.jsonl`` / TensorBoard with the throughput of the window since the previous log line, ``step_s``
+(seconds per step over that window, checkpoint writes included) and, on CUDA, ``peak_mem_gib``
+(``torch.cuda.max_memory_allocated`` of this rank since the start, GiB); every
 ``train.ckpt_every`` steps (and the last) ``trainer.save()`` and ``loss_curve.png`` (rank 0). Faults
 (:mod:`lf_orchestrator.families._faults`): ``train.on_nonfinite = "rollback"`` saves step 0 first when the run
 has no checkpoint yet, and after a rollback (:class:`lf_orchestrator.faults.RolledBack`) the logs restart at
@@ -95,7 +97,7 @@ def fit_loop(trainer, on_step: StepCallback | None = None, *, step_units: Callab
     t, ctx, run_dir = trainer.cfg.train, trainer.ctx, trainer.run_dir
     logger = MetricsLogger(run_dir, start_step=trainer.step, enabled=ctx.is_main)
     start, t0, last, evaluation = trainer.step, time.perf_counter(), {}, {}
-    window_units, window_t = 0.0, time.perf_counter()
+    window_units, window_t, window_steps = 0.0, time.perf_counter(), 0
     guard = RunGuard(hang_timeout_s=t.hang_timeout_s, on_hang=t.on_hang, ctx=ctx, run_dir=run_dir,
                      describe=lambda: f"last finished step {trainer.step}")
     preempted = False
@@ -111,10 +113,14 @@ def fit_loop(trainer, on_step: StepCallback | None = None, *, step_units: Callab
                     logger = MetricsLogger(run_dir, start_step=trainer.step, enabled=ctx.is_main)
                     continue
                 window_units += step_units(last)
+                window_steps += 1
                 if trainer.step % t.log_every == 0 or trainer.step == t.steps:
                     now = time.perf_counter()
                     last[rate_key] = window_units / max(now - window_t, 1e-9)
-                    window_units, window_t = 0.0, now
+                    last["step_s"] = (now - window_t) / max(window_steps, 1)
+                    window_units, window_t, window_steps = 0.0, now, 0
+                    if torch.cuda.is_available() and torch.cuda.is_initialized():
+                        last["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
                     logger.log(trainer.step, last)
                 if on_step is not None:
                     on_step(trainer.step, last)

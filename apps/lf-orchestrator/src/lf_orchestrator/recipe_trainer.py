@@ -10,8 +10,10 @@ The plan is searched or parsed and checked before any of it
 Losses are normalized by the target units (tokens with a label, or samples) of the
 whole global batch, over micro-batches and data-parallel ranks: each micro-batch
 contributes ``loss_sum * dp / global_units`` and DDP / FSDP average gradients over
-the dp ranks, so any split gives the gradient of one large batch. Tensor- and
-pipeline-parallel ranks of one dp rank see the same batch. Pipeline-parallel plans
+the dp ranks, so any split gives the gradient of one large batch. Tensor-, context- and
+pipeline-parallel ranks of one dp rank see the same batch; under context parallelism each cp rank
+computes its share of the loss on its token shard and contributes ``share * dp * cp / global_units``
+(gradients are averaged over dp x cp; :mod:`lf_orchestrator.families._context`). Pipeline-parallel plans
 (``pp > 1``, llm family) build only this rank's stages and run the step through the
 plan's schedule (:mod:`lf_orchestrator.families._pipeline_step`).
 
@@ -114,6 +116,8 @@ class RecipeTrainer:
         prec = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.precision.compute_dtype, "fp32")
         self.plan, self.plan_info = resolve_plan(cfg, self.family.graph, world_size=ctx.world_size,
                                                  device_type=ctx.device.type, seq=self.family.seq_len, precision=prec)
+        if getattr(self.family, "data_note", ""):  # e.g. synthetic latents: the log and plan.json say so
+            self.plan_info["data"] = self.family.data_note
         self.pipe = None
         """The pipeline stages of this rank (``plan.pp > 1``), else None."""
         if self.plan.pp == 1:
@@ -151,6 +155,10 @@ class RecipeTrainer:
             self.loss_module = LossModule(self.model, self.family)
             self.wrapped = parallelize(self.loss_module, self.mesh, self.plan, loss_parallel=False,
                                        recompute=recompute)
+            if self.plan.cp > 1:  # this rank's place in the cp group: the family feeds it its token shard
+                from lf_parallel._context import context_parallel_of
+
+                self.loss_module.cp = context_parallel_of(self.mesh, self.plan)
             coord = self.mesh.get_coordinate()
             self.dp_rank = coord[1] * self.mesh["dp_shard"].size() + coord[2]
         else:
@@ -233,10 +241,11 @@ class RecipeTrainer:
 
             return pipeline_train_step(self)
         batches = [self._micro_batch() for _ in range(self.plan.grad_accum)]
-        replicas = self.ctx.world_size // self.plan.dp  # tp ranks holding the same batch
+        replicas = self.ctx.world_size // self.plan.dp  # tp and cp ranks holding the same samples
         local = sum(int(self.family.normalizer(b)) for b in batches)
         units = global_sum(torch.tensor(float(local), device=self.ctx.device), self.ctx) / replicas
-        denom = units.clamp(min=1.0) / self.plan.dp
+        # cp ranks compute shares of the loss and DDP / FSDP average over dp x cp (families/_context.py)
+        denom = units.clamp(min=1.0) / (self.plan.dp * self.plan.cp)
         loss_sum = torch.zeros((), device=self.ctx.device)
         sums: dict[str, torch.Tensor] = {}
         self.wrapped.train()
@@ -252,7 +261,7 @@ class RecipeTrainer:
                                    self.cfg.train.grad_clip)
         names = sorted(sums)  # one all-reduce: the scalars, and the gradient norm for the non-finite check
         stats = global_sum(torch.stack([loss_sum, *(sums[k] for k in names), grad_norm.to(loss_sum)]),
-                           self.ctx) / replicas
+                           self.ctx) / (replicas // self.plan.cp)  # cp shares sum to the loss: count them once
         bad = nonfinite_reason(stats[0], stats[-1], check_grad=not self.scaler.enabled)
         if bad is not None:
             return nonfinite_step(self, bad, float(grad_norm))
@@ -331,6 +340,8 @@ def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None,
                       f"{info['trainable_params']:,} trainable")
         if "recompute_plan" in info:
             console.print(plan_line(info["recompute_plan"]), highlight=False)
+        if "data" in info:
+            console.print(f"data: {info['data']}", highlight=False)
 
     def on_step(step: int, s: dict) -> None:
         if ctx.is_main and (step % cfg.train.log_every == 0 or step == cfg.train.steps):

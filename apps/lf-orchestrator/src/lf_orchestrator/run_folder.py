@@ -31,7 +31,7 @@ from types import TracebackType
 LOCK_NAME = ".lock"
 """The lock file inside a run folder (kept after the run; its content names the last holder)."""
 DISPOSABLE = frozenset({LOCK_NAME, "config.toml", "tokenizer.json", "corpus.json", "instruction_tokenizer.json",
-                        "action_tokenizer.json", "normalization.json", "vlm_template.json"})
+                        "action_tokenizer.json", "action_tokens.json", "normalization.json", "vlm_template.json"})
 """Top-level files written before training (the trainers' set-up) that do not keep a failed run's folder alive;
 their atomic-write temporaries (``.NAME.tmp-*``, ``.NAME.*.tmp``) neither."""
 

@@ -29,17 +29,21 @@ def check_family_config(cfg, where: str) -> None:
     if t.lora_rank and not t.lora_targets:
         _fail(where, "train.lora_targets", "at least one pattern with train.lora_rank > 0", t.lora_targets)
     if cfg.parallel.spec:
+        from lf_orchestrator.families._context import cp_unsupported, with_cp_kind
         from lf_parallel import PlanError, parse_plan
 
         if cfg.parallel.plan != "manual":
             _fail(where, "parallel.plan", '"manual" with parallel.spec', cfg.parallel.plan)
         try:
-            parse_plan(cfg.parallel.spec)
+            plan = with_cp_kind(parse_plan(cfg.parallel.spec), cfg.parallel.spec, cfg.parallel.cp_kind)
         except PlanError as err:
             from lf_orchestrator.config import explain_enum
             from lf_parallel import Plan
 
             raise ConfigError(f"{where}: parallel.spec: {explain_enum(str(err), Plan)}") from None
+        why = cp_unsupported(plan, m.recipe)
+        if why:
+            raise ConfigError(f"{where}: parallel.spec = {cfg.parallel.spec!r}: {why}")
     if m.recipe == "llama3":
         c = cfg.corpus
         for key, value, low in (("corpus.max_chars", c.max_chars, 1000), ("corpus.seq_len", c.seq_len, 8),
@@ -76,11 +80,18 @@ def _check_video(cfg, rcfg, where: str) -> None:
     vae = wan_vae_config(v.vae_size)
     if v.frames < 1 or (v.frames - 1) % vae.temporal_factor:
         _fail(where, "video.frames", f"1 + {vae.temporal_factor} * k (the VAE's causal frame layout)", v.frames)
-    if v.frames > cfg.data.max_steps:
-        _fail(where, "video.frames", f"at most data.max_steps ({cfg.data.max_steps})", v.frames)
-    if cfg.data.image_size % (vae.spatial_factor * rcfg.patch[1]):
-        _fail(where, "data.image_size", f"a multiple of {vae.spatial_factor * rcfg.patch[1]} (VAE stride x patch)",
-              cfg.data.image_size)
+    side = vae.spatial_factor * rcfg.patch[1]
+    if v.latents == "synthetic":
+        for key, value in (("video.height", v.height), ("video.width", v.width)):
+            if value < side or value % side:
+                _fail(where, key, f"a positive multiple of {side} (VAE stride x patch)", value)
+        if v.synthetic_clips < 1:
+            _fail(where, "video.synthetic_clips", "an integer >= 1", v.synthetic_clips)
+    else:
+        if v.frames > cfg.data.max_steps:
+            _fail(where, "video.frames", f"at most data.max_steps ({cfg.data.max_steps})", v.frames)
+        if cfg.data.image_size % side:
+            _fail(where, "data.image_size", f"a multiple of {side} (VAE stride x patch)", cfg.data.image_size)
     if vae.z_dim != rcfg.in_channels:
         _fail(where, "model.overrides.in_channels", f"the VAE's z_dim ({vae.z_dim})", rcfg.in_channels)
     if v.clip_stride < 1 or v.sample_steps < 1:

@@ -4,23 +4,27 @@
 on a CPU job, on a nominal cluster of ``world_size`` H100s: the cost model needs a
 GPU, so on the CPU the ranking only orders the plans, its times are not CPU times
 (logged as such). The recipe trainer runs data parallel, ZeRO 0-3 and tensor (+
-sequence) parallel plans, and pipeline parallel (``pp > 1``, any schedule, with tp / sp /
-dp / ZeRO) for the llm family (llama3). Context parallel is not wired into it, nor
-pipeline stages that would run encoders (vlm / video / vla graphs, until lf-parallel's
-multimodal first stage exists): such manual plans are refused before launch. The search
-result is the fastest plan with ``pp = cp = 1`` (a pipeline plan is chosen by hand).
+sequence) parallel plans, pipeline parallel (``pp > 1``, any schedule, with tp / sp /
+dp / ZeRO) for the llm family (llama3), and context parallel (``cp > 1``, ring or Ulysses,
+``parallel.cp_kind``, with dp / ZeRO) for the video and llm families
+(:mod:`lf_orchestrator.families._context`). Not wired: pipeline stages that would run encoders
+(vlm / video / vla graphs, until lf-parallel's multimodal first stage exists), cp for the vlm
+family, cp with tp or pp: such manual plans are refused before launch. The search result is the
+fastest plan with ``pp = cp = 1`` (pipeline and context-parallel plans are chosen by hand).
 """
 
 from __future__ import annotations
 
 import msgspec
 
+from lf_orchestrator.families._context import cp_unsupported, with_cp_kind
 from lf_parallel import Plan, PlanError, check_plan, choose_plan, parse_plan
 
 
-def _supported(plan: Plan, lora: bool) -> str | None:
-    if plan.cp > 1:
-        return "the recipe trainer runs dp / ZeRO / tp(+sp) / pp plans; cp is not wired into it yet"
+def _supported(plan: Plan, lora: bool, recipe: str) -> str | None:
+    why = cp_unsupported(plan, recipe)
+    if why:
+        return why
     if lora and plan.tp > 1:
         return "train.lora_rank > 0 with tp > 1 is not supported (LoRA wraps the linears tensor parallelism splits)"
     return None
@@ -61,7 +65,7 @@ def resolve_plan(cfg, graph, *, world_size: int, device_type: str, seq: int, pre
     lora = t.lora_rank > 0
     if p.plan == "manual":
         if p.spec:
-            plan = parse_plan(p.spec)
+            plan = with_cp_kind(parse_plan(p.spec), p.spec, p.cp_kind)
             if "micro_batch" not in p.spec and "mb=" not in p.spec:
                 per = t.global_batch // max(plan.dp, 1)
                 accum = plan.grad_accum if "grad_accum" in p.spec else p.grad_accum
@@ -69,7 +73,8 @@ def resolve_plan(cfg, graph, *, world_size: int, device_type: str, seq: int, pre
         else:
             plan = Plan(dp=p.dp, micro_batch=p.micro_batch, grad_accum=p.grad_accum)
         plan = check_plan(plan, world_size=world_size, global_batch=t.global_batch, graph=graph)
-        why = _supported(plan, lora) or (_pipeline_unsupported(plan, cfg, graph) if plan.pp > 1 else None)
+        why = _supported(plan, lora, cfg.model.recipe) or (
+            _pipeline_unsupported(plan, cfg, graph) if plan.pp > 1 else None)
         if why:
             raise PlanError(f"parallel.spec {p.spec!r}: {why}")
         return plan, {"source": "manual", "spec": p.spec}
@@ -90,7 +95,8 @@ def _search(cfg, graph, *, world_size: int, device_type: str, seq: int, precisio
                               max_micro_batch=cfg.parallel.micro_batch)
     except PlanError:
         raise
-    ok = [c for c in result.ranked if c.plan.pp == 1 and _supported(c.plan, t.lora_rank > 0) is None]
+    ok = [c for c in result.ranked
+          if c.plan.pp == 1 and c.plan.cp == 1 and _supported(c.plan, t.lora_rank > 0, cfg.model.recipe) is None]
     if not ok:  # the search found only pp / cp plans: fall back to data parallel
         plan = choose_plan(world_size=world_size, global_batch=t.global_batch, max_micro_batch=cfg.parallel.micro_batch)
         return plan, {"source": "auto (fallback: data parallel)", "cluster": cluster.describe(), "nominal": nominal}

@@ -11,6 +11,9 @@ Under pipeline parallel (``plan.pp > 1``) the planned graph is this pipeline ran
 of the trunk, and the encoders on stage 0), with the micro-batches its schedule keeps in flight
 (:func:`lf_memory.in_flight_micro_batches`); :func:`stage_plan` cuts the plan down to one stage's blocks.
 
+Context parallel (``plan.cp > 1``): each rank's blocks hold ``seq_len / cp`` tokens, so the planner gets that
+sequence length.
+
 Not modelled: tensor and sequence parallel split activations too (the plan keeps the unsplit bytes, so it
 recomputes more than needed, never less), and the CPU's unfused kernels (``kernels="cuda"`` figures).
 """
@@ -67,8 +70,8 @@ def plan_family_recompute(cfg, family, plan, dtype_bytes: int, *, pp_rank: int =
     from lf_parallel._stages import trunk_component
 
     graph = family.graph
-    seq = {trunk_component(graph): int(family.seq_len)}
-    states = estimate_memory(graph, plan, seq=seq[trunk_component(graph)], precision=_prec(dtype_bytes),
+    seq = {trunk_component(graph): int(family.seq_len) // plan.cp}  # a cp rank holds 1/cp of the tokens
+    states = estimate_memory(graph, plan, seq=int(family.seq_len), precision=_prec(dtype_bytes),
                              stage=pp_rank if plan.pp > 1 else None)
     fixed = states.params + states.grads + states.optimizer
     budget = int(cfg.memory.budget_gib * 2**30) - fixed

@@ -11,7 +11,10 @@ A family turns one run config into
 - the loss: :meth:`Family.loss_sum` returns the loss *summed* over the batch's
   target units and :meth:`Family.normalizer` counts those units, so the trainer
   divides by the global count over micro-batches and ranks;
-- optionally :meth:`Family.evaluate` (held-out metrics) and files for ``lf sample``.
+- optionally :meth:`Family.evaluate` (held-out metrics) and files for ``lf sample``;
+- optionally context parallelism (:attr:`Family.context_parallel`): ``loss_sum`` and ``evaluate`` then take
+  ``cp=`` (an ``lf_parallel.ContextParallel``) and return this cp rank's share of the loss, the shares of the
+  cp ranks summing to the whole (:mod:`lf_orchestrator.families._context`).
 
 Legend: batches are dicts of tensors, dim 0 = sample.
 """
@@ -41,6 +44,8 @@ class Family(abc.ABC):
     """Family name (``llm``, ``vlm``, ``video``)."""
     loss_label: str = "loss"
     """What ``train/loss`` is (for plots), e.g. ``"next-token cross-entropy"``."""
+    context_parallel: bool = False
+    """Whether ``loss_sum`` / ``evaluate`` take ``cp=`` and return this cp rank's share (plans with cp > 1)."""
 
     def __init__(self, cfg, run_dir: Path, ctx):
         self.cfg, self.run_dir, self.ctx = cfg, Path(run_dir), ctx
@@ -90,10 +95,14 @@ class LossModule(nn.Module):
         super().__init__()
         self.model = model
         self._family = [family]  # not a submodule
+        self.cp = None
+        """This rank's ``lf_parallel.ContextParallel`` under a cp > 1 plan (set by the trainer), else None."""
 
     def forward(self, batch: dict[str, torch.Tensor], evaluate: bool = False):
         """``loss_sum(model, batch)``; with ``evaluate`` the family's held-out metrics instead (run through the
-        wrapper so FSDP gathers the root's parameters and DDP / TP hooks apply)."""
+        wrapper so FSDP gathers the root's parameters and DDP / TP hooks apply). Under context parallelism
+        (``self.cp``) both get ``cp=`` and compute this rank's share."""
+        family, kw = self._family[0], ({} if self.cp is None else {"cp": self.cp})
         if evaluate:
-            return self._family[0].evaluate(self.model)
-        return self._family[0].loss_sum(self.model, batch)
+            return family.evaluate(self.model, **kw)
+        return family.loss_sum(self.model, batch, **kw)

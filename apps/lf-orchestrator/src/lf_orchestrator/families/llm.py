@@ -25,6 +25,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from lf_kernels import fused_linear_cross_entropy
+from lf_orchestrator.families._context import cp_all_sum, lm_batch_shard
 from lf_orchestrator.families._corpus import build_corpus, load_rows
 from lf_orchestrator.families.base import Family
 
@@ -54,6 +55,7 @@ class LLMFamily(Family):
 
     name = "llm"
     loss_label = "next-token cross-entropy"
+    context_parallel = True
 
     def prepare(self) -> None:
         c = self.cfg.corpus
@@ -80,19 +82,26 @@ class LLMFamily(Family):
     def normalizer(self, batch: dict[str, torch.Tensor]) -> int:
         return int((batch["labels"] != -100).sum())
 
-    def loss_sum(self, model, batch):
+    def loss_sum(self, model, batch, cp=None):
+        """Summed next-token CE; with ``cp`` over this rank's token shard (:func:`._context.lm_batch_shard`)."""
+        if cp is not None:
+            batch = lm_batch_shard(batch, cp)
         return lm_loss_sum(model, batch["input_ids"], batch["labels"], batch["position_ids"],
                            batch["document_ids"]), {}
 
-    def evaluate(self, model: nn.Module) -> dict[str, float]:
-        """Held-out perplexity ``exp(sum CE / labelled tokens)`` and the mean CE, nats per token."""
+    def evaluate(self, model: nn.Module, cp=None) -> dict[str, float]:
+        """Held-out perplexity ``exp(sum CE / labelled tokens)`` and the mean CE, nats per token; with ``cp``
+        each rank scores its token shards and the sums are added over the cp group."""
         total, count = 0.0, 0
         n, mb = self.eval_rows["input_ids"].shape[0], self.cfg.parallel.micro_batch
         device = next(model.parameters()).device
         for start in range(0, n, mb):
             b = {k: v[start:start + mb].long().to(device) for k, v in self.eval_rows.items()}
-            total += float(lm_loss_sum(model, b["input_ids"], b["labels"], b["position_ids"], b["document_ids"]))
             count += self.normalizer(b)
+            if cp is not None:
+                b = lm_batch_shard(b, cp)
+            ce_sum = lm_loss_sum(model, b["input_ids"], b["labels"], b["position_ids"], b["document_ids"])
+            total += float(ce_sum if cp is None else cp_all_sum(ce_sum, cp))
         ce = total / max(count, 1)
         return {"eval/cross_entropy": ce, "eval/perplexity": math.exp(min(ce, 50.0)), "eval/tokens": float(count)}
 

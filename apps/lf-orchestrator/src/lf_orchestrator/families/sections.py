@@ -78,3 +78,14 @@ class VideoSection(_Section):
     """Euler steps of ``lf sample``."""
     guidance: float = 4.0
     """Classifier-free guidance scale of ``lf sample`` (1 = no guidance)."""
+    latents: Literal["vae", "synthetic"] = "vae"
+    """``vae``: Meta-World clips of ``data.image_size`` encoded by the Wan VAE and cached. ``synthetic``: N(0, 1)
+    latents of the shape a ``frames`` x ``height`` x ``width`` clip encodes to, drawn per clip index (no dataset,
+    no VAE): for throughput / memory runs only (e.g. 385 frames at 480x832), the loss means nothing
+    (``lf_orchestrator.families._video_synthetic`` says why)."""
+    height: int = 480
+    """With ``latents = "synthetic"``: clip height, pixels (a multiple of the VAE stride x patch, 16)."""
+    width: int = 832
+    """With ``latents = "synthetic"``: clip width, pixels (a multiple of the VAE stride x patch, 16)."""
+    synthetic_clips: int = 64
+    """With ``latents = "synthetic"``: distinct training clips (indices of the sampler)."""

@@ -1,4 +1,6 @@
-"""The ``video`` family: Wan DiT text-to-video by rectified flow on cached VAE latents of Meta-World clips.
+"""The ``video`` family: Wan DiT text-to-video by rectified flow on cached VAE latents of Meta-World clips
+(or, for throughput runs, synthetic latents of any clip size: ``video.latents = "synthetic"``,
+:mod:`._video_synthetic`).
 
 Per training sample (deterministic per (run seed, step, clip index): any split,
 any resume draws the same): sigma from ``lf_ir.flow.sample_sigmas`` (uniform or
@@ -19,6 +21,7 @@ import math
 import torch
 
 from lf_ir.flow import flow_matching_loss, interpolate, sample_sigmas, timesteps_from_sigmas
+from lf_orchestrator.families._context import cp_all_sum, video_loss_share
 from lf_orchestrator.families._metaworld import open_dataset
 from lf_orchestrator.families._video_data import encode_clips, encode_text, save_text_encoder, text_table
 from lf_orchestrator.families.base import Family, sample_seed
@@ -40,17 +43,25 @@ class VideoFamily(Family):
 
     name = "video"
     loss_label = "velocity MSE"
+    context_parallel = True
 
     def prepare(self) -> None:
         from lf_data import build_instruction_tokenizer
 
         rc = self.recipe_cfg
-        dataset = open_dataset(self.cfg, generate=self.ctx.is_main)
-        tensors = encode_clips(self.cfg, dataset)
-        self.latents, self.task_index = tensors["latents"], tensors["task_index"].long()
-        self.tok = build_instruction_tokenizer(dataset.tasks)
+        if self.cfg.video.latents == "synthetic":  # throughput runs: no dataset, no VAE (._video_synthetic)
+            from lf_orchestrator.families._video_synthetic import synthetic_data
+
+            self.latents, self.task_index, tasks = synthetic_data(self.cfg)
+            self.data_note = (f"synthetic latents {tuple(self.latents.shape[1:])} per clip (throughput / memory run: "
+                              "the loss regresses onto noise and means nothing)")
+        else:
+            dataset = open_dataset(self.cfg, generate=self.ctx.is_main)
+            tensors = encode_clips(self.cfg, dataset)
+            self.latents, self.task_index, tasks = tensors["latents"], tensors["task_index"].long(), dataset.tasks
+        self.tok = build_instruction_tokenizer(tasks)
         table = text_table(self.tok.get_vocab_size(), rc.text_dim, self.cfg.run.seed)
-        self.text_states = encode_text(self.tok, table, dataset.tasks, rc.text_len)
+        self.text_states = encode_text(self.tok, table, tasks, rc.text_len)
         if self.ctx.is_main:
             save_text_encoder(self.run_dir, self.tok, table)
 
@@ -79,11 +90,15 @@ class VideoFamily(Family):
     def normalizer(self, batch) -> int:
         return int(batch["x0"].shape[0])
 
-    def loss_sum(self, model, batch):
+    def loss_sum(self, model, batch, cp=None):
+        """Summed velocity MSE; with ``cp`` this rank's share (:func:`._context.video_loss_share`)."""
+        if cp is not None:
+            return video_loss_share(model, batch, cp), {}
         return velocity_loss_sum(model, batch), {}
 
-    def evaluate(self, model) -> dict[str, float]:
-        """Velocity MSE of the first (up to 8) clips at sigmas :data:`EVAL_SIGMAS`, fixed noise (seed 0)."""
+    def evaluate(self, model, cp=None) -> dict[str, float]:
+        """Velocity MSE of the first (up to 8) clips at sigmas :data:`EVAL_SIGMAS`, fixed noise (seed 0); with
+        ``cp`` the cp ranks' shares summed over the cp group."""
         device = next(model.parameters()).device
         n = min(8, self.num_samples)
         gen = torch.Generator().manual_seed(0)
@@ -92,7 +107,9 @@ class VideoFamily(Family):
         for s in EVAL_SIGMAS:
             batch = {"x0": self.latents[:n], "noise": noise, "sigma": torch.full((n,), s),
                      "text": self.text_states[self.task_index[:n]]}
-            total += float(velocity_loss_sum(model, {k: t.to(device) for k, t in batch.items()}))
+            batch = {k: t.to(device) for k, t in batch.items()}
+            total += float(velocity_loss_sum(model, batch) if cp is None
+                           else cp_all_sum(video_loss_share(model, batch, cp), cp))
         return {"eval/flow_loss": total / (n * len(EVAL_SIGMAS))}
 
 
