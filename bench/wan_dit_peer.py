@@ -13,6 +13,14 @@ TFLOP/s count the IR's forward + backward FLOPs (no recompute) against 989.4 TFL
 
     python bench/wan_dit_peer.py --out bench/results/wan_dit_peer_h200.json
     python bench/wan_dit_peer.py --dry --out /tmp/wan_dit_peer_dry.json     # CPU: tiny model, 2 steps
+
+Under torchrun with more than one process both models are sharded with FSDP2 (ZeRO-3) over all ranks, each
+rank one clip of its own (seed = rank): lf through lf-parallel (``parallelize`` with ``zero=3,dp=N``,
+``precision="bf16"``, recompute applied by ``parallelize``), diffusers with ``fully_shard`` per transformer
+block and then the root, the same ``MixedPrecisionPolicy(param bf16, reduce fp32)``; step time is the slowest
+rank's, peak memory the largest rank's, FLOPs per GPU one clip's:
+
+    torchrun --nproc-per-node 2 bench/wan_dit_peer.py --out bench/results/wan_dit_peer_h200x2.json
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import traceback
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from lf_ir import materialize
@@ -60,13 +69,30 @@ def _batch(cfg, grid, device, seed: int = 0) -> dict:
             "sigma": torch.tensor([0.6], device=device)}
 
 
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
 def _lf(cfg, device):
-    """lf's recipe, full recompute; returns (model, loss function of a batch)."""
+    """lf's recipe, full recompute (under FSDP2 via lf-parallel when distributed); (model, loss fn, optimizer)."""
     with torch.device("meta"):
         model = wan_dit.WanDiTModel(cfg)
     model = materialize(model, device, seed=0)
-    apply_recompute(model.blocks, "full")
-    return model, lambda m, b: m.flow_loss(b["x0"], b["text"], b["noise"], b["sigma"])
+    if _world() == 1:
+        apply_recompute(model.blocks, "full")
+        return model, _lf_loss, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    from lf_parallel import build_mesh, build_optimizer, check_plan, parallelize, parse_plan
+
+    world = _world()
+    plan = check_plan(parse_plan(f"zero=3,dp={world}", precision="bf16", micro_batch=1), world_size=world,
+                      global_batch=world, graph=model.graph)
+    mesh = build_mesh(plan, device.type)
+    model = parallelize(model, mesh, plan, recompute=lambda m: apply_recompute(m.blocks, "full"))
+    return model, _lf_loss, build_optimizer(model, mesh, plan, lr=1e-4, fused=device.type == "cuda")
+
+
+def _lf_loss(m, b):
+    return m.flow_loss(b["x0"], b["text"], b["noise"], b["sigma"])
 
 
 def _peer(cfg, device):
@@ -76,6 +102,15 @@ def _peer(cfg, device):
     conf = {k: v for k, v in diffusers_config_from_wan(cfg).items() if not k.startswith("_")}
     model = WanTransformer3DModel(**conf).to(device)
     model.enable_gradient_checkpointing()
+    if _world() > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(device.type, (_world(),))
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
 
     def loss(m, b):
         s = b["sigma"].view(-1, 1, 1, 1, 1)
@@ -83,12 +118,11 @@ def _peer(cfg, device):
         pred = m(hidden_states=x_t, timestep=1000 * b["sigma"], encoder_hidden_states=b["text"], return_dict=False)[0]
         return F.mse_loss(pred.float(), (b["noise"] - b["x0"]).float())
 
-    return model, loss
+    return model, loss, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
 
 
 def _measure(build, cfg, batch, args, device) -> dict:
-    model, loss_fn = build(cfg, device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    model, loss_fn, opt = build(cfg, device)
     policy = PrecisionPolicy(torch.float32, torch.bfloat16)
     times, losses = [], []
     try:
@@ -105,9 +139,9 @@ def _measure(build, cfg, batch, args, device) -> dict:
             opt.zero_grad(set_to_none=True)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
+            times.append(_slowest(time.perf_counter() - t0, device))
             losses.append(float(loss.detach().float()))
-        peak = torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
+        peak = _slowest(torch.cuda.max_memory_allocated(device) / GIB, device) if device.type == "cuda" else None
     finally:
         del model, opt
         gc.collect()
@@ -118,16 +152,29 @@ def _measure(build, cfg, batch, args, device) -> dict:
             "loss_falling": losses[-1] < losses[0], "peak_gib": peak}
 
 
+def _slowest(value: float, device) -> float:
+    """The largest ``value`` over the ranks (step time, peak memory); ``value`` itself in one process."""
+    if _world() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
 def main(argv=None) -> None:
     args = _args(argv)
-    device = torch.device("cpu" if args.dry else "cuda")
+    from lf_parallel import init_distributed, shutdown
+
+    ctx = init_distributed("cpu" if args.dry else "cuda")
+    device = ctx.device
     cfg = wan_dit.wan_dit_config(args.size, layers=2) if args.dry else wan_dit.wan_dit_config(args.size)
     grid = (3, 6, 10) if args.dry else (21, 60, 104)
     seq = math.prod(g // p for g, p in zip(grid, cfg.patch, strict=True))
     cost = graph_cost(wan_dit.build_graph(cfg, seq_len=seq), batch=1)
     flops = cost.total("forward_flops") + cost.total("backward_flops")
-    batch = _batch(cfg, grid, device)
+    batch = _batch(cfg, grid, device, seed=ctx.rank)
     result = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "torch": torch.__version__,
+              "world_size": _world(), "parallel": f"FSDP2 zero=3 dp={_world()}" if _world() > 1 else "one GPU",
               "model": f"wan_dit {args.size}", "latents": list(grid), "tokens": seq, "text_tokens": cfg.text_len,
               "recompute": "full (both)", "precision": "float32 master weights, bf16 autocast, fused AdamW",
               "flops_per_step": flops, "warmup": args.warmup, "steps": args.steps, "runs": {}}
@@ -139,13 +186,16 @@ def main(argv=None) -> None:
         except Exception as err:  # record and go on: the other model's figures still count
             r = {"error": f"{type(err).__name__}: {err}"[:500], "traceback": traceback.format_exc()[-2000:]}
         result["runs"][name] = r
-        print(name, json.dumps({k: v for k, v in r.items() if k not in ("losses", "step_s_timed")}), flush=True)
+        if ctx.rank == 0:
+            print(name, json.dumps({k: v for k, v in r.items() if k not in ("losses", "step_s_timed")}), flush=True)
     runs = result["runs"]
     if all("step_s_median" in runs[k] for k in ("lf", "diffusers")):
         result["speedup_lf_over_diffusers"] = runs["diffusers"]["step_s_median"] / runs["lf"]["step_s_median"]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
+    if ctx.rank == 0:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.out}")
+    shutdown(ctx)
 
 
 if __name__ == "__main__":
