@@ -184,7 +184,8 @@ def _wan_dit_peer(d: dict) -> list[str]:
              r["loss_falling"]] for name, r in d["runs"].items() if "step_s_median" in r]
     ratio = d.get("speedup_lf_over_diffusers")
     return ([f"{d['model']}, latents {tuple(d['latents'])} = {d['tokens']:,} tokens + {d['text_tokens']} text tokens, "
-             f"one GPU, recompute {d['recompute']}, {d['precision']}; median of {d['steps']} steps after "
+             f"{d.get('parallel', 'one GPU')} (one clip per GPU), recompute {d['recompute']}, {d['precision']}; "
+             f"median of {d['steps']} steps after "
              f"{d['warmup']}. Model FLOPs from the IR (no recompute) against 989.4 TFLOP/s."
              + (f" lf / diffusers speed: {ratio:.2f}x." if ratio else ""), ""]
             + _table(["model", "s/step", "TFLOP/s", "MFU", "peak GiB", "loss falls"], rows))

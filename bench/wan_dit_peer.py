@@ -16,9 +16,10 @@ TFLOP/s count the IR's forward + backward FLOPs (no recompute) against 989.4 TFL
 
 Under torchrun with more than one process both models are sharded with FSDP2 (ZeRO-3) over all ranks, each
 rank one clip of its own (seed = rank): lf through lf-parallel (``parallelize`` with ``zero=3,dp=N``,
-``precision="bf16"``, recompute applied by ``parallelize``), diffusers with ``fully_shard`` per transformer
-block and then the root, the same ``MixedPrecisionPolicy(param bf16, reduce fp32)``; step time is the slowest
-rank's, peak memory the largest rank's, FLOPs per GPU one clip's:
+``precision="bf16"``, recompute applied by ``parallelize``), diffusers with torch's ``checkpoint_wrapper`` and
+``fully_shard`` per transformer block and then the root (its own ``enable_gradient_checkpointing`` recomputes
+outside FSDP2's input cast and fails), the same ``MixedPrecisionPolicy(param bf16, reduce fp32)``; step time
+is the slowest rank's, peak memory the largest rank's, FLOPs per GPU one clip's:
 
     torchrun --nproc-per-node 2 bench/wan_dit_peer.py --out bench/results/wan_dit_peer_h200x2.json
 """
@@ -101,15 +102,19 @@ def _peer(cfg, device):
 
     conf = {k: v for k, v in diffusers_config_from_wan(cfg).items() if not k.startswith("_")}
     model = WanTransformer3DModel(**conf).to(device)
-    model.enable_gradient_checkpointing()
-    if _world() > 1:
+    if _world() == 1:
+        model.enable_gradient_checkpointing()
+    else:  # diffusers' own checkpointing re-runs blocks outside FSDP2's input cast (dtype mismatch on recompute),
+        # so the FSDP2 recipe: torch's checkpoint_wrapper on each block, then fully_shard per block and the root
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh(device.type, (_world(),))
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh, mp_policy=mp)
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = checkpoint_wrapper(block)
+            fully_shard(model.blocks[i], mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
 
     def loss(m, b):
