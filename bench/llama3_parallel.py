@@ -39,7 +39,6 @@ import importlib.util
 import json
 import math
 import os
-import socket
 import statistics
 import subprocess
 import time
@@ -393,26 +392,10 @@ def _ratios(result: dict) -> None:
                               for k, p in result["peer"].items() if "tokens_per_s_per_gpu" in p}
 
 
-def _dry_worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    run(args)
-
-
 def main(argv=None) -> None:
-    args = _args(argv)
-    if not args.dry:
-        if not torch.cuda.is_available() or "WORLD_SIZE" not in os.environ:
-            raise SystemExit("launch with torchrun on GPUs (see the docstring), or use --dry on the CPU")
-        run(args)
-        return
-    import torch.multiprocessing as mp
+    from _launch import launch  # bench/ is sys.path[0] when this file runs as a script
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_dry_worker, args=(2, port, args), nprocs=2, start_method="spawn")
+    launch(run, _args(argv))
 
 
 if __name__ == "__main__":

@@ -42,8 +42,6 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
-import os
-import socket
 from collections import Counter
 from pathlib import Path
 
@@ -385,26 +383,10 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _dry_worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    run(args)
-
-
 def main(argv=None) -> None:
-    args = _args(argv)
-    if not args.dry:
-        if not torch.cuda.is_available() or "WORLD_SIZE" not in os.environ:
-            raise SystemExit("launch with torchrun on 2 GPUs (see the docstring), or use --dry on the CPU")
-        run(args)
-        return
-    import torch.multiprocessing as mp
+    from _launch import launch  # bench/ is sys.path[0] when this file runs as a script
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_dry_worker, args=(2, port, args), nprocs=2, start_method="spawn")
+    launch(run, _args(argv))
 
 
 if __name__ == "__main__":
