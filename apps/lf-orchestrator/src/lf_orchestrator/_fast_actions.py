@@ -26,7 +26,9 @@ action) cannot be masked per step as binning does: the repeated action is the ta
 
 Decoding (:meth:`FastBatchEncoder.decode_actions`): the ids before a row's first EOS are FAST-decoded; a row
 that does not give a valid chunk (no EOS within ``M + 1`` tokens, BPE pieces that do not make ``H * A``
-coefficients) becomes a chunk of zero actions, pi0-FAST's fallback, and is counted in ``decode_counts``.
+coefficients) becomes a chunk of zero actions in action units (no motion for Meta-World's end-effector deltas),
+and is counted in ``decode_counts``. openpi's pi0-FAST instead decodes zeros in normalized space (the middle of
+the action bounds), which is not a neutral action when the bounds are asymmetric (e.g. a gripper in [0, 1]).
 
 Run folder: ``action_tokenizer.json`` (the FastTokenizer JSON) and ``action_tokens.json`` (format
 ``lf-orchestrator/fast-actions`` version 1: ``max_action_tokens``), both written atomically.

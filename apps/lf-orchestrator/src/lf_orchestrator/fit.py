@@ -9,7 +9,7 @@ learning-rate schedule.
 Per step: ``trainer.train_step()``; every ``train.log_every`` steps (and the last) the scalars go to
 ``metrics.jsonl`` / TensorBoard with the throughput of the window since the previous log line, ``step_s``
 (seconds per step over that window, checkpoint writes included) and, on CUDA, ``peak_mem_gib``
-(``torch.cuda.max_memory_allocated`` of this rank since the start, GiB); every
+(``torch.cuda.max_memory_allocated`` since the start, GiB, of the main rank, which writes the logs); every
 ``train.ckpt_every`` steps (and the last) ``trainer.save()`` and ``loss_curve.png`` (rank 0). Faults
 (:mod:`lf_orchestrator.families._faults`): ``train.on_nonfinite = "rollback"`` saves step 0 first when the run
 has no checkpoint yet, and after a rollback (:class:`lf_orchestrator.faults.RolledBack`) the logs restart at
@@ -111,6 +111,7 @@ def fit_loop(trainer, on_step: StepCallback | None = None, *, step_units: Callab
                 except RolledBack:  # continue from the checkpoint's step; its logs restart there
                     logger.close()
                     logger = MetricsLogger(run_dir, start_step=trainer.step, enabled=ctx.is_main)
+                    window_units, window_t, window_steps = 0.0, time.perf_counter(), 0
                     continue
                 window_units += step_units(last)
                 window_steps += 1
