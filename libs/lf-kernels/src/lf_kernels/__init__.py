@@ -31,7 +31,9 @@ from ._keep import keep_fraction, kept_entries
 from ._mask import MaskKind, MaskSpec, dense_mask, mask_predicate
 from ._math import attention_math
 from ._reference import attention_reference
-from ._split_attention import attention_split
+from ._split_attention import CausalKernels, attention_split
+from ._split_attention import default_kernels as attention_kernels
+from ._split_attention import kernels_support as attention_kernels_support
 from .conv3d import CausalConv3d, causal_conv3d
 from .triton import (
     FusedBackend,
@@ -48,6 +50,9 @@ from .triton import (
 )
 
 __all__ = [
+    "CausalKernels",
+    "attention_kernels",
+    "attention_kernels_support",
     "attention_split",
     "Backend",
     "CausalConv3d",

@@ -49,7 +49,7 @@ __all__ = ["CausalKernels", "attention_split", "default_kernels", "kernels_suppo
 
 
 class CausalKernels(NamedTuple):
-    """A causal-attention kernel pair on ``(batch, heads, seq, head_dim)`` tensors (equal heads, q_len == kv_len).
+    """An attention kernel pair on ``(batch, heads, seq, head_dim)`` tensors (equal heads; causal or full).
 
     ``forward(q, k, v, causal, scale) -> (out in q.dtype, lse (b, h, s) float32 | float64)``, natural log;
     ``backward(dout, q, k, v, out, lse, causal, scale) -> (dq, dk, dv)``, the FlashAttention backward given
@@ -61,7 +61,11 @@ class CausalKernels(NamedTuple):
 
 
 def default_kernels(device: torch.device | str) -> CausalKernels:
-    """The cuDNN / flash pair on CUDA, the math pair elsewhere."""
+    """The cuDNN / flash pair on CUDA, the math pair elsewhere (exported as ``lf_kernels.attention_kernels``).
+
+    Used by ``sdpa_split`` here and by lf-parallel's ring attention, whose blocks merge by log-sum-exp and
+    whose backward hands each block the merged ``out`` / ``lse``. Check :func:`kernels_support` first.
+    """
     pair = cuda_kernels() if torch.device(device).type == "cuda" else math_kernels()
     return CausalKernels(*pair)
 
