@@ -196,6 +196,18 @@ def test_recompute_mode_allows_two_backwards():
     torch.testing.assert_close(first, second, rtol=0, atol=0)
 
 
+def test_fp16_defaults_to_recompute():
+    """Oracle: the documented automatic mode: fp16 takes the recompute backward (so a second backward works,
+    which grad-in-forward refuses), with gradients equal to the float64 reference within fp16 tolerance."""
+    h, w, _, t = make(13, dtype=torch.float16)
+    hd, wd = leaves((h, w), torch.float16)
+    loss = fused_linear_cross_entropy(hd, wd, t.to(DEVICE))
+    (first,) = torch.autograd.grad(loss, hd, retain_graph=True)
+    (second,) = torch.autograd.grad(loss, hd)
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+    compare(h, w, None, t, torch.float16, tol=2**-6)
+
+
 def test_default_chunk():
     """Oracle: the documented rule: float32 chunk logits <= 512 MiB, <= a quarter of the tokens, multiple of 128."""
     assert default_chunk(8192, 128256) == 1024

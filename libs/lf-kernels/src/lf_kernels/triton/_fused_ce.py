@@ -14,7 +14,10 @@ Two modes share one chunk loop (:mod:`._fused_ce_sweep`):
   per-token ``grad_output`` must weight each token's term of ``grad_weight``
   before the sum over tokens, which grad-in-forward has already done), or when
   asked (``grad_in_forward=False``: backward-once semantics not wanted, e.g.
-  ``retain_graph`` and two backward calls).
+  ``retain_graph`` and two backward calls). Also the automatic choice for fp16
+  inputs: grad-in-forward rounds ``grad * 1/n_tokens`` to fp16 before the loss
+  scaler's factor arrives in the backward, so small gradient terms would flush
+  to zero; the recompute backward sees the scaled ``grad_output`` first.
 
 Precision: bf16/fp16 inputs get float32 chunk logits (the softmax never sees
 rounded logits; eager ``F.linear`` rounds them to bf16), the logits' gradient
@@ -189,7 +192,8 @@ def fused_linear_cross_entropy(
         chunk_tokens: tokens per chunk; default: float32 chunk logits <= 512 MiB and <= a quarter of the
             tokens (1,024 at vocab 128,256 and 8,192 tokens).
         bias: optional ``(V,)`` output bias, same dtype as ``weight``.
-        grad_in_forward: ``None`` (auto, see above), ``True`` (needs a scalar reduction), ``False`` (recompute).
+        grad_in_forward: ``None`` (auto: grad-in-forward for a scalar reduction unless ``hidden`` is fp16),
+            ``True`` (needs a scalar reduction), ``False`` (recompute).
         grad_weight_dtype: accumulator of ``grad_weight`` across chunks: ``None`` (the weight's dtype) or
             ``torch.float32`` (more accurate, ``4 * V * h`` bytes); the gradient is returned in the weight's dtype.
         backend: ``"triton"`` / ``"reference"`` for the per-chunk step; default picks (see ``kernel_backend``).
@@ -221,7 +225,7 @@ def fused_linear_cross_entropy(
         grad_weight_dtype=grad_weight_dtype or weight.dtype,
     )
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
-    if grad_in_forward is None:
-        grad_in_forward = reduction != "none"
+    if grad_in_forward is None:  # fp16: see the module docstring (loss scaling comes after the rounding)
+        grad_in_forward = reduction != "none" and hidden.dtype != torch.float16
     fn = _GradInForwardFn if grad_in_forward and wants_grad else _RecomputeFn
     return fn.apply(hidden, weight, bias, target, cfg, reduction)
