@@ -38,6 +38,7 @@ class FakePlan:
     grad_accum: int = 1
     pp_schedule: str = "1f1b"
     pp_virtual_stages: int = 1
+    cp_kind: str = "ring"
     components: dict = field(default_factory=dict)
 
     @property
@@ -183,3 +184,21 @@ def test_dit_graph_and_errors():
         estimate_memory(graph, recompute="some")
     with pytest.raises(ValueError, match="stage"):
         estimate_memory(graph, stage=2)
+
+
+def test_ring_context_parallel_counts_masked_block_scores():
+    """Oracle: the documented rule: a ring plan adds one masked block's explicit-softmax scores,
+    micro x heads / tp x (seq / cp)^2 x RING_SCORE_BYTES, to the temporaries; Ulysses and full masks add none."""
+    from lf_memory._estimate_rules import RING_SCORE_BYTES
+
+    cfg = llama3_config("tiny")
+    seq, micro = 64, 2
+    graph = llama3.build_graph(cfg, seq)
+    ring = estimate_memory(graph, FakePlan(cp=2, micro_batch=micro), seq=seq)
+    uly = estimate_memory(graph, FakePlan(cp=2, cp_kind="ulysses", micro_batch=micro), seq=seq)
+    assert ring.temporaries - uly.temporaries == micro * cfg.heads * (seq // 2) ** 2 * RING_SCORE_BYTES
+    assert ring.activations == uly.activations
+    dit = wan_dit.build_graph(wan_dit.wan_dit_config("tiny"))  # full-mask self-attention: kernel-pair blocks
+    assert (estimate_memory(dit, FakePlan(cp=2)).temporaries
+            == estimate_memory(dit, FakePlan(cp=2, cp_kind="ulysses")).temporaries)
+

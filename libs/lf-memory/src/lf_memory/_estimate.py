@@ -24,8 +24,9 @@ What one rank holds at its peak (bytes), following ZeRO's accounting
   for interleaved 1F1B (Narayanan et al. 2021), ``m`` for GPipe.
 - ``temporaries``: the loss head's logits (in the compute dtype, their float32 copy
   and the float32 log-softmax: ``tokens * vocab / tp * (db + 8)``; an H200 run of
-  ``bench/autotune_check.py`` ran out of memory allocating the float32 copy) on the last stage, and what one
-  block re-materializes while it is recomputed (its activations minus what it kept).
+  ``bench/autotune_check.py`` ran out of memory allocating the float32 copy) on the last stage, what one
+  block re-materializes while it is recomputed (its activations minus what it kept), and under ring context
+  parallelism the score matrix of one masked ring block (:func:`lf_memory._estimate_rules.ring_block_scores`).
 - ``comm_buffers``: DDP's gradient buckets (a copy of all gradients), FSDP2's
   gathered parameters of two blocks (current and prefetched, ZeRO-3) and one block's
   unsharded gradient before its reduce-scatter.
@@ -54,7 +55,7 @@ import msgspec
 from lf_ir import LMHead
 
 from ._estimate_graph import graph_view, is_block
-from ._estimate_rules import node_saved
+from ._estimate_rules import node_saved, ring_block_scores
 from ._recompute_modes import recompute_flags
 
 __all__ = ["MemoryEstimate", "estimate_memory", "in_flight_micro_batches"]
@@ -215,7 +216,8 @@ def _stage_estimate(graph, plan, stage, batch, seq, precision, optimizer, recomp
     micro = batch or _plan_value(plan, "micro_batch", 1)
     db = _ACT_BYTES[precision]
     elems = full_elems = tensors = biggest_block = head_elems = 0
-    acts = temps = recompute_peak = 0.0
+    acts = temps = recompute_peak = ring_peak = 0.0
+    ring = cp > 1 and _plan_value(plan, "cp_kind", "ring") == "ring"
     for comp in view.components:
         tp, sp = _comp_tp(plan, comp.name)
         blocks, others = view.stage_nodes(comp, stage, pp)
@@ -241,6 +243,8 @@ def _stage_estimate(graph, plan, stage, batch, seq, precision, optimizer, recomp
             acts += count * (ratio * kept + (1 - ratio) * plain)
             if ratio:
                 recompute_peak = max(recompute_peak, plain - kept)
+            if ring:
+                ring_peak = max(ring_peak, ring_block_scores(node, micro, tokens_seq, cp, tp))
     schedule = _plan_value(plan, "pp_schedule", "1f1b")
     m = _plan_value(plan, "grad_accum", 1)
     flight = in_flight_micro_batches(schedule, pp, stage, m, _plan_value(plan, "pp_virtual_stages", 1))
@@ -263,5 +267,6 @@ def _stage_estimate(graph, plan, stage, batch, seq, precision, optimizer, recomp
     return MemoryEstimate(
         grads_in_flight=None if accumulating else min(elems, first_grads) * 4,
         params=elems * 4, grads=elems * 4, optimizer=opt_elems * per_elem + (opt_tensors * 4 if per_elem else 0),
-        compute_params=compute, activations=int(round(acts * flight)), temporaries=int(round(temps + recompute_peak)),
+        compute_params=compute, activations=int(round(acts * flight)),
+        temporaries=int(round(temps + recompute_peak + ring_peak)),
         comm_buffers=comm, stage=stage)

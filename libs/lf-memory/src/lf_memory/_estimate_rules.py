@@ -103,3 +103,30 @@ def node_saved(node, batch: int, seq: int, db: int, mode: str, tp: int, sp: bool
     if is_block(node):
         return saved * (0.3 * (1 / tp if sp else 1) + 0.7 / tp)
     return saved / tp if sp else saved
+
+
+RING_SCORE_BYTES = 12
+"""Bytes per score entry while a ring-attention block runs lf-kernels' explicit-softmax path: the float32
+scores, the float32 probabilities and their float32 gradient when the backward recomputes the block (the
+dense bool mask adds one more byte per entry, shared by the heads)."""
+
+
+def ring_block_scores(node, batch: int, seq: int, cp: int, tp: int) -> float:
+    """Peak bytes of one ring-attention block of ``node``'s self-attention under ring context parallelism.
+
+    lf-parallel's ring attention runs a ``full`` mask without packed documents on cuDNN / flash kernels
+    (O(seq) memory per block), but every other mask on an explicit softmax over the block: ``batch x heads /
+    tp x (seq / cp)^2`` entries of :data:`RING_SCORE_BYTES` (75,660 tokens per rank x 12 heads: 275 GB of
+    float32 scores alone). Only one block is live at a time, so this is a temporary, not an activation.
+    0 for nodes without a self-attention child (``node.attention``) or with a plain full mask.
+    """
+    from lf_ir._mask import as_mask
+
+    att = getattr(node, "attention", None)
+    if att is None or not hasattr(att, "heads") or not hasattr(att, "mask"):
+        return 0.0
+    mask = as_mask(att.mask)
+    if mask.kind == "full" and not mask.packed:
+        return 0.0
+    local = seq / cp
+    return batch * att.heads / tp * local * local * RING_SCORE_BYTES
