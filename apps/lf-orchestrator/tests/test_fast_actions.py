@@ -140,8 +140,8 @@ def test_max_action_tokens_below_the_longest_chunk_is_an_error(fitted, dataset_d
 
 
 def test_run_folder_round_trip_and_kind_mismatch(fitted, tmp_path):
-    """The saved FAST encoder loads back equal; a binning config on a FAST folder (and the reverse file)
-    fails naming the file."""
+    """The saved FAST encoder loads back equal; a binning config on a FAST folder (and the reverse file), or a
+    layout whose end-of-action id the folder's tokenizers do not reproduce, fails naming the file."""
     from lf_orchestrator import assembly
 
     cfg, _, enc = fitted
@@ -152,6 +152,10 @@ def test_run_folder_round_trip_and_kind_mismatch(fitted, tmp_path):
     binning = load_config(EXAMPLE, [f"data.path='{cfg.data.path}'", "action_tokenizer.kind='binning'"])
     with pytest.raises(ValueError, match="action_tokenizer.json"):
         assembly.load_encoder(binning, tmp_path)
+    layout = json.loads((tmp_path / "action_tokens.json").read_text())
+    (tmp_path / "action_tokens.json").write_text(json.dumps({**layout, "eos_id": enc.eos_id + 1}))
+    with pytest.raises(ValueError, match="'eos_id'"):
+        assembly.load_encoder(cfg, tmp_path)
     (tmp_path / "action_tokens.json").write_text(json.dumps({"format": "other"}))
     with pytest.raises(ValueError, match="action_tokens.json"):
         assembly.load_encoder(cfg, tmp_path)

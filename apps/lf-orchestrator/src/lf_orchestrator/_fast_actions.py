@@ -183,8 +183,9 @@ def load_fast_encoder(cfg: Config, run_dir: Path, instruction_tokenizer: Tokeniz
     Raises:
         FileNotFoundError: ``action_tokens.json`` is missing.
         ValueError: a file of another format (e.g. a binning ``action_tokenizer.json``), or a tokenizer / layout
-            that does not match the config (``data.action_horizon``, ``action_tokenizer.max_action_tokens``);
-            the message names the file and the field.
+            that does not match the config (``data.action_horizon``, ``action_tokenizer.max_action_tokens``),
+            or an ``eos_id`` that the run folder's tokenizers do not reproduce; the message names the file and
+            the field.
     """
     run_dir = Path(run_dir)
     path = run_dir / LAYOUT_FILE
@@ -205,5 +206,11 @@ def load_fast_encoder(cfg: Config, run_dir: Path, instruction_tokenizer: Tokeniz
     if fast.horizon != cfg.data.action_horizon:
         raise ValueError(f"{run_dir / 'action_tokenizer.json'}: horizon={fast.horizon} but the config sets "
                          f"data.action_horizon={cfg.data.action_horizon}")
-    return FastBatchEncoder(instruction_tokenizer, fast, state_mean, state_std,
-                            max_instruction_len=cfg.data.max_instruction_len, max_action_tokens=m)
+    enc = FastBatchEncoder(instruction_tokenizer, fast, state_mean, state_std,
+                           max_instruction_len=cfg.data.max_instruction_len, max_action_tokens=m)
+    saved_eos = layout.get("eos_id")
+    if saved_eos != enc.eos_id:  # the model's vocabulary was laid out around the saved id
+        raise ValueError(f"{path}: field 'eos_id' is {saved_eos!r} but the run folder's instruction and action "
+                         f"tokenizers give {enc.eos_id} (instruction vocab {instruction_tokenizer.get_vocab_size()}"
+                         f" + FAST vocab {fast.vocab_size}); the tokenizer files do not belong to this checkpoint")
+    return enc
