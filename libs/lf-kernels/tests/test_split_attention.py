@@ -160,8 +160,8 @@ def test_cuda_op_calls_bind_to_this_torch():
 
 
 def test_cuda_pair_falls_back_to_flash(monkeypatch):
-    """Oracle: the module docstring of _split_kernels: a cuDNN RuntimeError switches that (head_dim, dtype) to the
-    flash kernels for the process, with one warning."""
+    """Oracle: the module docstring of _split_kernels: a cuDNN RuntimeError switches that shape (head_dim, dtype,
+    lengths) to the flash kernels for the process, with one warning; another length still tries cuDNN first."""
     calls = []
 
     def cudnn(q, k, v, causal, scale):
@@ -181,6 +181,10 @@ def test_cuda_pair_falls_back_to_flash(monkeypatch):
         warnings.simplefilter("error")
         call(q, q, q, True, 1.0)
     assert calls == ["cudnn", "flash", "flash"]
+    longer = torch.zeros(1, 1, 8, 40)
+    with pytest.warns(UserWarning, match="query/key length 8/8"):
+        call(longer, longer, longer, True, 1.0)
+    assert calls[3:] == ["cudnn", "flash"]
 
 
 def test_default_kernels_and_support():

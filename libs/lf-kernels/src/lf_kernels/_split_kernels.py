@@ -20,7 +20,8 @@ backward is handed the lse in the rank its own forward returned. With ``dropout_
 0`` the philox tensors are not read: empty int64 scalars stand in for them. The
 cuDNN pair is tried first (H200, torch 2.11: causal fwd+bwd ~500-540 TFLOP/s vs
 flash ~280); where cuDNN raises (not built, unsupported shape) the call falls back
-to flash and that ``(head_dim, dtype)`` stays on flash for the process (one warning).
+to flash, and that shape ``(head_dim, dtype, query length, key length)`` stays on flash
+for the process (one warning per shape; other shapes still try cuDNN first).
 
 CPU (and any device): a plain math pair that materializes the scores, computing
 in ``promote_types(dtype, float32)`` (float64 in the tests).
@@ -36,7 +37,7 @@ import torch
 
 __all__ = ["cuda_kernels", "kernels_support", "math_kernels", "split_ops_available"]
 
-_CUDNN_FAILED: set[tuple[int, torch.dtype]] = set()
+_CUDNN_FAILED: set[tuple[int, torch.dtype, int, int]] = set()
 _CUDNN_LSE_NDIM: dict[str, int] = {}
 
 
@@ -137,8 +138,8 @@ def _flash_backward(dout, q, k, v, out, lse, causal, scale):
 
 def _with_fallback(cudnn_fn, flash_fn):
     def call(*args):
-        q = args[1] if len(args) == 8 else args[0]
-        key = (q.shape[-1], q.dtype)
+        q, k = (args[1], args[2]) if len(args) == 8 else (args[0], args[1])
+        key = (q.shape[-1], q.dtype, q.shape[2], k.shape[2])
         if key not in _CUDNN_FAILED and hasattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention"):
             try:
                 return cudnn_fn(*args)
@@ -147,7 +148,8 @@ def _with_fallback(cudnn_fn, flash_fn):
             except RuntimeError as err:
                 _CUDNN_FAILED.add(key)
                 warnings.warn(f"lf_kernels sdpa_split: cuDNN attention failed for head_dim={key[0]}, "
-                              f"dtype={key[1]} ({str(err)[:200]}); using the flash kernels", stacklevel=3)
+                              f"dtype={key[1]}, query/key length {key[2]}/{key[3]} ({str(err)[:200]}); using the "
+                              "flash kernels for this shape", stacklevel=3)
         return flash_fn(*args)
 
     return call
