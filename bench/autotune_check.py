@@ -1,137 +1,231 @@
-"""GPU check of the auto-tuner: predicted vs measured step time and peak memory of its top plans on 1 GPU.
+"""GPU check of the auto-tuner: predicted vs measured step time and peak memory of the plans it ranks, on 1 or
+2 GPUs, for Llama-3-8B, Qwen2-VL-7B and Wan2.1-1.3B (81x480x832) shapes with reduced layer counts.
 
-Llama-3-8B shapes (layers reduced with ``--layers`` so variants without recomputation fit one GPU),
-S = ``--seq``, bf16 autocast over float32 master weights (lf-memory's ``PrecisionPolicy``), fused AdamW,
-micro-batch and recompute variants the tuner ranks for one GPU (ZeRO-0: no wrapper). Each plan: 2
-warm-up steps, then the median of ``--steps`` timed steps; peak memory is
-``torch.cuda.max_memory_allocated`` over the timed steps. Predictions are made twice: with the
-BENCH.md default rates and with ``calibrate()``'s measured rates (cached JSON). The loss must be finite
-and fall. Writes JSON (``--out``) with every figure and the relative errors.
+The models and why their layers are reduced: ``bench/_autotune_models.py``. The plans: ``search_plans`` (what
+``lf plan`` prints) on the detected cluster; by default its ``--top`` first measurable plans, with
+``--exhaustive`` every valid plan of the sweep space ``--sweep`` (``bench/_autotune_sweep.py``: ZeRO stages,
+recompute modes, micro-batches; tp / cp / dp as the search gives them on ``--gpus``), with the chosen plan's
+throughput as a fraction of the sweep's best. Each plan: the model built on meta, materialized (seed 0),
+recomputed per its mode, parallelized by lf-parallel (``parallelize``: tp + sp, ring / Ulysses cp, DDP / FSDP2
+ZeRO), fused AdamW, bf16 autocast over float32 master weights; ``--warmup`` (2) steps, then the median of
+``--steps`` (3) timed steps, each the slowest rank's; peak memory ``max_memory_allocated`` over the timed steps
+(largest rank). Predictions with the BENCH.md default rates and with ``calibrate()``'s measured ones. The loss
+must be finite. JSON (``--out``) rewritten after every plan, so a job cut short keeps what it measured.
 
-Run on the GPU machine (one command)::
+Run on the GPU machine (prints the estimated GPU time first; ``--max-plans`` caps the sweep)::
 
-    NCCL_NVLS_ENABLE=0 python bench/autotune_check.py --out bench/results/autotune_check.json
+    python bench/autotune_check.py --out bench/results/autotune_check.json                      # 1 GPU, llama3
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 torchrun --nproc-per-node 2 bench/autotune_check.py \\
+        --gpus 2 --model wan_dit --exhaustive --sweep small --out bench/results/autotune_wan_h200x2.json
+    python bench/autotune_check.py --gpus 2 --model qwen2_vl --exhaustive --estimate   # plans + GPU time only
 
-``--dry`` predicts only (works on a CPU machine, for the H200 catalogue entry).
+``--dry``: the recipes' tiny sizes on the CPU (``--gpus 2``: two spawned gloo processes), predictions for
+H200s; ``--estimate``: list the plans and the estimated GPU time, measure nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import msgspec
 import torch
+import torch.distributed as dist
 
-from lf_ir import Llama3Model, llama3_config, materialize
-from lf_ir.recipes import llama3
-from lf_ir.recipes.llama3 import next_token_loss
+from lf_ir import materialize
 from lf_memory import apply_recompute
+from lf_parallel import build_mesh, build_optimizer, parallelize
 from lf_parallel._calibrate import calibrate, default_calibration
 from lf_parallel._cluster import detect_cluster, make_cluster
+from lf_parallel._context import context_parallel_of
 from lf_parallel._cost_model import step_cost
 from lf_parallel._search import search_plans
 
 GIB = 1024 ** 3
+HERE = Path(__file__).resolve().parent
 
 
-def _args():
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+MODELS, SWEEP = _load("_autotune_models"), _load("_autotune_sweep")
+
+
+def _args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path("bench/results/autotune_check.json"))
-    p.add_argument("--dry", action="store_true", help="predict only, no GPU work")
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--seq", type=int, default=8192)
-    p.add_argument("--global-batch", type=int, default=4)
-    p.add_argument("--top", type=int, default=5)
-    p.add_argument("--steps", type=int, default=5)
-    return p.parse_args()
+    p.add_argument("--model", choices=sorted(MODELS.WORKLOADS), default="llama3")
+    p.add_argument("--gpus", type=int, choices=(1, 2), default=1)
+    p.add_argument("--dry", action="store_true", help="tiny models on the CPU, gloo; predictions for H200s")
+    p.add_argument("--estimate", action="store_true", help="list the plans and the estimated GPU time only")
+    p.add_argument("--exhaustive", action="store_true", help="measure every valid plan of --sweep")
+    p.add_argument("--sweep", choices=sorted(SWEEP.SWEEPS), default="small")
+    p.add_argument("--max-plans", type=int, default=0, help="measure at most this many (0: no cap)")
+    p.add_argument("--top", type=int, default=5, help="without --exhaustive: plans measured")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers / DiT blocks (see _autotune_models)")
+    p.add_argument("--seq", type=int, default=None)
+    p.add_argument("--global-batch", type=int, default=None, help="default: 4 (wan_dit: 2) per step")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=3)
+    return p.parse_args(argv)
 
 
-def _measure(cfg, graph, cand, global_batch: int, seq: int, steps: int) -> dict:
-    torch.manual_seed(0)
+def _plans(args, work, cluster):
+    batch = args.global_batch or (2 if args.model == "wan_dit" else 4)
+    result = search_plans(work.graph, cluster, global_batch=batch, seq=work.seq, top=1 << 30,
+                          min_cp_tokens=min(2048, work.seq // 4) if args.dry else 2048)
+    space = args.sweep if args.exhaustive else "any"
+    cands, skipped = SWEEP.select(result.ranked, space, args.gpus, work.cp_loss is not None)
+    cands = cands if args.exhaustive else cands[:args.top]
+    if args.max_plans:
+        cands = cands[:args.max_plans]
+    return batch, cands, skipped, result
+
+
+def _measure(args, work, cand, device: torch.device) -> dict:
+    plan = msgspec.structs.replace(cand.plan, precision="fp32")  # autocast sets the compute dtype
+    world = plan.world_size
     with torch.device("meta"):
-        model = Llama3Model(cfg, graph)
-    model = materialize(model, "cuda", seed=0)
-    apply_recompute(model.blocks, cand.recompute)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    mb, accum = cand.plan.micro_batch, cand.plan.grad_accum
-    data = torch.randint(0, cfg.vocab_size, (global_batch, seq), device="cuda")
+        model = work.build()
+    model = materialize(model, device, seed=0)
+
+    def recompute(m):
+        apply_recompute(torch.nn.ModuleList(m.blocks), cand.recompute)
+
+    mesh, loss_fn, dp_rank = None, work.loss, 0
+    if world > 1:
+        mesh = build_mesh(plan, device.type)
+        model = parallelize(model, mesh, plan, loss_parallel=False, recompute=recompute)
+        coord = mesh.get_coordinate()
+        dp_rank = coord[1] * mesh["dp_shard"].size() + coord[2]
+        if plan.cp > 1:
+            cp = context_parallel_of(mesh, plan)
+            loss_fn = lambda m, b: work.cp_loss(m, b, cp)  # noqa: E731
+        opt = build_optimizer(model, mesh, plan, lr=1e-4, **({"fused": True} if device.type == "cuda" else {}))
+    else:
+        recompute(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    batches = [work.batch(plan.micro_batch, 1000 * dp_rank + i, device.type) for i in range(plan.grad_accum)]
+    cuda = device.type == "cuda"
     times, losses = [], []
-    for step in range(2 + steps):
-        if step == 2:
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup and cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
-        total = 0.0
-        for i in range(accum):
-            ids = data[i * mb:(i + 1) * mb]
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = next_token_loss(model(ids), ids) / accum
+        total = torch.zeros((), device=device)
+        for b in batches:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+                loss = loss_fn(model, b) / plan.grad_accum
             loss.backward()
-            total += loss.item()
+            total += loss.detach()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        losses.append(total)
-    peak = torch.cuda.max_memory_allocated()
-    del model, opt
-    torch.cuda.empty_cache()
-    finite = all(map(lambda v: v == v and abs(v) != float("inf"), losses))
-    return {"step_s": statistics.median(times[2:]), "peak_gib": peak / GIB, "losses": losses,
-            "loss_ok": finite and losses[-1] < losses[0]}
+        if cuda:
+            torch.cuda.synchronize()
+        stats = torch.tensor([time.perf_counter() - start, float(total)], device=device)
+        if world > 1:
+            dist.all_reduce(stats, op=dist.ReduceOp.MAX)  # slowest rank (loss: largest rank's, finite check)
+        times.append(float(stats[0]))
+        losses.append(float(stats[1]))
+    peak = torch.tensor(float(torch.cuda.max_memory_allocated()) if cuda else 0.0, device=device)
+    if world > 1:
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    del model, opt, batches
+    if cuda:
+        torch.cuda.empty_cache()
+    finite = all(v == v and abs(v) != float("inf") for v in losses)
+    return {"step_s": statistics.median(times[args.warmup:]), "step_s_timed": times[args.warmup:],
+            "peak_gib": float(peak) / GIB, "losses": losses, "loss_finite": finite}
 
 
-def main() -> None:
-    args = _args()
-    cfg = llama3_config("8B", layers=args.layers)
-    graph = llama3.build_graph(cfg, args.seq)
-    cluster = make_cluster(gpus=1, gpu="h200") if args.dry else detect_cluster({"LOCAL_WORLD_SIZE": "1"})
+def _row(cand, work, cluster, cal_measured) -> dict:
+    row = {"plan": cand.plan.describe(), "recompute": cand.recompute,
+           "predicted_default": {"step_s": cand.cost.step_s, "peak_gib": cand.cost.memory.total / GIB,
+                                 "tokens_per_s_per_gpu": cand.cost.tokens_per_s_per_gpu}}
+    if cal_measured is not None:
+        cost = step_cost(work.graph, cand.plan, cluster, recompute=cand.recompute, seq=work.seq,
+                         calibration=cal_measured)
+        row["predicted_calibrated"] = {"step_s": cost.step_s}
+    return row
+
+
+def run(args) -> None:
+    from lf_parallel import init_distributed
+
+    ctx = init_distributed("cpu" if args.dry or args.estimate else "cuda")
+    work = MODELS.WORKLOADS[args.model](args.layers, args.seq, args.dry)
+    if args.dry or not torch.cuda.is_available():
+        cluster = make_cluster(gpus=args.gpus, gpu="h200")
+    else:
+        cluster = detect_cluster({"LOCAL_WORLD_SIZE": str(args.gpus), "WORLD_SIZE": str(args.gpus)})
+    batch, cands, skipped, result = _plans(args, work, cluster)
+    main = ctx.rank == 0
+    if main:
+        est = SWEEP.estimate_s(cands, args.model, args.warmup, args.steps)
+        print(f"{work.name} on {cluster.describe()}, global batch {batch}: {len(cands)} plans to measure "
+              f"({result.considered} considered, {len(skipped)} skipped); estimated GPU time {est:.0f} s", flush=True)
+        for c in cands:
+            print(f"  {c.plan.describe()} recompute={c.recompute} predicted {c.cost.step_s:.3f} s", flush=True)
+    if args.estimate:
+        return
     cal_default = default_calibration(cluster.gpu)
-    cal_measured = None if args.dry else calibrate()
-    result = search_plans(graph, cluster, global_batch=args.global_batch, seq=args.seq, top=200)
-    cands = [c for c in result.ranked if c.plan.zero_stage == 0][: args.top]
-    rows = []
-    for cand in cands:
-        row = {"plan": cand.plan.describe(), "recompute": cand.recompute,
-               "predicted_default": {"step_s": cand.cost.step_s, "peak_gib": cand.cost.memory.total / GIB,
-                                     "memory_gib": {k: v / GIB for k, v in cand.cost.memory.breakdown().items()}}}
-        if cal_measured is not None:
-            cost = step_cost(graph, cand.plan, cluster, recompute=cand.recompute, seq=args.seq,
-                             calibration=cal_measured)
-            row["predicted_calibrated"] = {"step_s": cost.step_s}
-            try:
-                row["measured"] = _measure(cfg, graph, cand, args.global_batch, args.seq, args.steps)
-            except torch.OutOfMemoryError as err:
-                row["measured"] = {"oom": str(err)[:300]}
-                torch.cuda.empty_cache()
-                rows.append(row)
-                print(json.dumps(row)[:400], flush=True)
-                continue
-            m = row["measured"]
-            row["error"] = {"step_default": cand.cost.step_s / m["step_s"] - 1,
-                            "step_calibrated": cost.step_s / m["step_s"] - 1,
-                            "peak_memory": cand.cost.memory.total / GIB / m["peak_gib"] - 1}
-        rows.append(row)
-        print(json.dumps(row)[:400], flush=True)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = ""
-    report = {"model": f"llama3-8B shapes, {args.layers} layers", "seq": args.seq,
-              "global_batch": args.global_batch, "cluster": cluster.describe(), "torch": torch.__version__,
-              "device": None if args.dry else torch.cuda.get_device_name(0), "commit": commit,
+    cal_measured = None if args.dry or not main else calibrate(save=False)  # calibrate() runs on cuda:0
+    if ctx.distributed:
+        dist.barrier()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
+    report = {"model": work.name, "seq": work.seq, "global_batch": batch, "gpus": args.gpus,
+              "cluster": cluster.describe(), "mode": f"exhaustive, sweep {args.sweep}" if args.exhaustive
+              else f"top {args.top}", "warmup": args.warmup, "steps": args.steps, "torch": torch.__version__,
+              "device": "cpu (dry)" if args.dry else torch.cuda.get_device_name(0), "commit": commit,
               "calibration_default": msgspec.to_builtins(cal_default),
               "calibration_measured": None if cal_measured is None else msgspec.to_builtins(cal_measured),
-              "plans": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    print(f"wrote {args.out}")
+              "skipped": skipped, "plans": []}
+    for cand in cands:
+        row = _row(cand, work, cluster, cal_measured)
+        try:
+            row["measured"] = m = _measure(args, work, cand, ctx.device)
+            row["error"] = {"step_default": cand.cost.step_s / m["step_s"] - 1}
+            if "predicted_calibrated" in row:
+                row["error"]["step_calibrated"] = row["predicted_calibrated"]["step_s"] / m["step_s"] - 1
+            if m["peak_gib"]:
+                row["error"]["peak_memory"] = cand.cost.memory.total / GIB / m["peak_gib"] - 1
+        except torch.OutOfMemoryError as err:  # one rank's OOM: the others fail in their next collective
+            row["measured"] = {"oom": str(err)[:300]}
+            torch.cuda.empty_cache()
+        report["plans"].append(row)
+        report["summary"] = SWEEP.summary(report["plans"])
+        if main:
+            print(json.dumps(row)[:500], flush=True)
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(report, indent=1))
+    if main:
+        print(json.dumps(report.get("summary", {})), flush=True)
+        print(f"wrote {args.out}", flush=True)
+
+
+def main(argv=None) -> None:
+    args = _args(argv)
+    if args.gpus == 1 or args.estimate and not args.dry:
+        run(args)
+        return
+    sys.path.insert(0, str(HERE))
+    from _launch import launch
+
+    launch(run, args, dry_world=args.gpus)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,15 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     """Launch and tail cost per node per pass (forward or backward), microseconds."""
     alpha_us: float = 15.0
     """Latency per collective step (alpha of the alpha-beta model), microseconds."""
+    host_overhead_us_per_segment: float = 186.0
+    """Host and launch cost of attention run one segment at a time (Qwen2-VL: each image in the ViT, each packed
+    sample in the decoder; :mod:`lf_parallel._mm_cost`), per segment, per block, per pass (forward, backward,
+    recomputed forward), microseconds. Fitted (relative least squares) to ``bench/results/qwen2_vl_peer_h200x2.json``:
+    Qwen2-VL-7B under ``zero=3,dp=2`` on 2 H200, the slowest rank's packed row (8,192 tokens, 13 samples of one
+    image each, 14,720 patches), step 1.579 s with every block recomputed and 1.216 s with the ViT's only; the
+    rest of the model predicts 1.089 s and 0.888 s, and 186 us leaves -3.5% and +3.2% (without it: -31% and -27%;
+    ``tests/test_cost_model_mm.py`` checks it). Measured with one image per sample, so images and samples share
+    one constant."""
     source: str = "defaults"
     """``"defaults"`` (BENCH.md ratios) or ``"measured <device>, torch <version>"``."""
 

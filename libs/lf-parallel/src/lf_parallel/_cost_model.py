@@ -27,8 +27,10 @@ compute except one block's share. The optimizer (fused AdamW) reads and writes
 
     step = m * t_stage + bubble(schedule) * t_stage + exposed DP + optimizer
 
-with ``t_stage`` the slowest stage's micro-batch time. MFU follows BENCH.md: the
-IR's dense-attention forward + backward FLOPs per token over the GPU's bf16 peak.
+with ``t_stage`` the slowest stage's micro-batch time. Packed multimodal rows (:mod:`lf_parallel._mm_cost`):
+the attention core of a per-image vision tower is divided by ``images_per_sample`` and that of the decoder
+by ``docs_per_sample``, and each attention segment costs host overhead per block and pass. MFU follows
+BENCH.md: the IR's dense-attention forward + backward FLOPs per token over the GPU's bf16 peak.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from lf_memory._recompute_modes import recompute_flags
 from lf_parallel._calibrate import Calibration, default_calibration
 from lf_parallel._cluster import Cluster
 from lf_parallel._comm_model import bubble_micro_batches, collective_time, mesh_strides
+from lf_parallel._mm_cost import packed_components, per_image_components, segment_overhead_s, segments
 
 _DB = {"fp32": 4, "bf16": 2, "fp16": 2}
 _OVERLAP = 0.8
@@ -73,6 +76,8 @@ class StepCost(msgspec.Struct, frozen=True, kw_only=True):
     """Model FLOPs utilization against the GPU's bf16 peak."""
     memory: MemoryEstimate
     """Peak memory per GPU (lf-memory's estimate)."""
+    host_s: float = 0.0
+    """Host and launch overhead of attention run segment by segment, all micro-batches (:mod:`lf_parallel._mm_cost`)."""
 
 
 def _attention_of(node):
@@ -142,20 +147,25 @@ def train_flops_per_sample(graph, seq: int | None = None) -> float:
     return total
 
 
-def step_cost(graph, plan, cluster: Cluster, *, recompute: str = "none", precision: str = "bf16",
+def step_cost(graph, plan, cluster: Cluster, *, recompute: str | dict[str, str] = "none", precision: str = "bf16",
               seq: int | None = None, calibration: Calibration | None = None,
-              memory: MemoryEstimate | None = None) -> StepCost:
+              memory: MemoryEstimate | None = None, images_per_sample: float = 1.0,
+              docs_per_sample: float = 1.0) -> StepCost:
     """Predicted step time, throughput and peak memory of ``plan`` on ``cluster`` (see the module docstring).
 
     Args:
         graph: the model's ``lf_ir.Graph``.
         plan: a checked ``lf_parallel.Plan`` (``plan.world_size`` GPUs of ``cluster``).
         cluster: GPUs and links.
-        recompute: lf-memory's recompute mode for every block.
+        recompute: lf-memory's recompute mode for every block, or a mode per component name (missing: ``none``;
+            the memory estimate then uses the main component's mode).
         precision: compute dtype ``bf16``, ``fp16`` or ``fp32`` (fp32 runs matmuls at half the rate).
         seq: tokens per sample of the main component (default its ``seq_len``).
         calibration: achieved rates (default :func:`default_calibration` of the cluster's GPU).
         memory: a precomputed estimate (else :func:`lf_memory._estimate.estimate_memory`).
+        images_per_sample: images in one sample of a per-image vision component (a packed row's images; its
+            ``seq_len`` is their patches together), see :mod:`lf_parallel._mm_cost`.
+        docs_per_sample: documents packed into one sample of the main component (attention stays inside each).
 
     Raises:
         ValueError: unknown precision, recompute mode or schedule.
@@ -173,19 +183,28 @@ def step_cost(graph, plan, cluster: Cluster, *, recompute: str = "none", precisi
     def coll(kind, nbytes, ranks, dim):
         return collective_time(kind, nbytes, ranks, cluster=cluster, calibration=cal, span=strides[dim] * ranks)
 
+    per_image = per_image_components(graph)
+    packed = packed_components(graph, view.main, per_image)
+    modes = recompute if isinstance(recompute, dict) else {}
     worst = None
     for stage in sorted({0, plan.pp - 1}):
-        fwd = bwd = rc = tp_c = cp_c = 0.0
+        fwd = bwd = rc = tp_c = cp_c = host = 0.0
         elems = blocks_on_stage = 0
         width = 0
         for comp in view.components:
             tp, sp = plan.component_tp(comp.name), plan.component_sp(comp.name)
             s = seq if (seq and comp.name == view.main) else comp.seq_len
-            flags = recompute_flags(len(comp.blocks), recompute)
+            mode = modes.get(comp.name, "none") if modes else recompute
+            flags = recompute_flags(len(comp.blocks), mode)
+            segs = segments(comp.name, packed, per_image, images_per_sample, docs_per_sample)
             ratio = sum(flags) / len(flags) if flags else 0.0
             blocks, others = view.stage_nodes(comp, stage, plan.pp)
+            host += segment_overhead_s(comp.name, packed, per_image, segs, mb, sum(blocks.values()),
+                                       2 + (ratio if mode in ("full", "every_k") else 0),
+                                       cal.host_overhead_us_per_segment)
             for node, count in (blocks + others).items():
                 mm, attn, cls, traffic, rows, kv = _node_work(node, mb, s, cp, tp, sp, db)
+                attn /= segs
                 rate = eff * cal.attention_tflops.get(cls, cal.attention_tflops["full"]) * 1e12 / slow
                 elem = cal.elementwise_share * traffic / bw
                 f = mm / mm_rate + attn / rate + elem + over
@@ -196,12 +215,12 @@ def step_cost(graph, plan, cluster: Cluster, *, recompute: str = "none", precisi
                     continue
                 blocks_on_stage += count
                 width = max(width, node.out_dim)
-                rc += count * ratio * (f if recompute == "full" or recompute == "every_k" else elem + over)
+                rc += count * ratio * (f if mode == "full" or mode == "every_k" else elem + over)
                 act = mb * s / cp * node.out_dim * db
                 if rows:
                     one = coll("all_gather", act, tp, "tp") + coll("reduce_scatter", act, tp, "tp") if sp \
                         else coll("all_reduce", act, tp, "tp")
-                    tp_c += count * rows * one * (2 + (ratio if recompute in ("full", "every_k") else 0))
+                    tp_c += count * rows * one * (2 + (ratio if mode in ("full", "every_k") else 0))
                 if cp > 1 and kv:
                     local = mb * s / cp
                     if plan.cp_kind == "ring":
@@ -214,14 +233,15 @@ def step_cost(graph, plan, cluster: Cluster, *, recompute: str = "none", precisi
             msg = mb * (seq or view.component(view.main).seq_len) / cp * width * db
             pp_c = 2 * plan.pp_virtual_stages * coll("p2p", msg / (plan.component_tp(view.main) if plan.sp else 1),
                                                      2, "pp")
-        t_mb = fwd + bwd + rc + tp_c + cp_c + pp_c
-        cand = (t_mb, fwd, bwd, rc, tp_c, cp_c, pp_c, elems, max(blocks_on_stage, 1))
+        t_mb = fwd + bwd + rc + tp_c + cp_c + pp_c + host
+        cand = (t_mb, fwd, bwd, rc, tp_c, cp_c, pp_c, elems, max(blocks_on_stage, 1), host)
         if worst is None or t_mb > worst[0]:
             worst = cand
-    t_mb, fwd, bwd, rc, tp_c, cp_c, pp_c, elems, nblocks = worst
+    t_mb, fwd, bwd, rc, tp_c, cp_c, pp_c, elems, nblocks, host = worst
     m = plan.grad_accum
     dp_c = _dp_exposed(plan, elems, db, fwd + bwd, bwd, m, nblocks, coll)
-    memory = memory or estimate_memory(graph, plan, seq=seq, precision=precision, recompute=recompute)
+    memory = memory or estimate_memory(graph, plan, seq=seq, precision=precision,
+                                       recompute=modes.get(view.main, "none") if modes else recompute)
     opt_elems = (elems / (plan.dp_shard * cp) if plan.zero_stage >= 2
                  else elems / (plan.dp * cp) if plan.zero_stage == 1 else elems)
     optimizer = opt_elems * 28 / (bw / eff)
@@ -235,7 +255,7 @@ def step_cost(graph, plan, cluster: Cluster, *, recompute: str = "none", precisi
     return StepCost(step_s=step, compute_s=m * (fwd + bwd), recompute_s=m * rc, exposed_comm_s=sum(comm.values()),
                     bubble_s=bubble, optimizer_s=optimizer, comm=comm,
                     tokens_per_s_per_gpu=tokens / step / plan.world_size, tflops_per_gpu=per_gpu / 1e12,
-                    mfu=per_gpu / (cluster.gpu.bf16_tflops * 1e12), memory=memory)
+                    mfu=per_gpu / (cluster.gpu.bf16_tflops * 1e12), memory=memory, host_s=m * host)
 
 
 def _dp_exposed(plan, elems: int, db: int, compute_mb: float, bwd_mb: float, m: int, nblocks: int, coll) -> float:
