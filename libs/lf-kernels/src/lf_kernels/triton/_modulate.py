@@ -10,6 +10,7 @@ import torch
 from .._fused_reference import modulate_reference, modulation_groups
 from ._dispatch import FusedBackend, kernels, resolve_backend
 from ._layout import cdiv, next_pow2, unit_last
+from ._partials import sum_partials
 
 __all__ = ["modulate"]
 
@@ -76,25 +77,27 @@ class _ModulateFn(torch.autograd.Function):
         n_splits = max(n_splits, 1)  # no tokens: one (empty) split
         broadcast = shift_shape[0] == 1 and batch > 1
         direct = n_splits == 1 and not broadcast  # each program sums a whole group: write the gradients directly
+        n_out = groups if broadcast else bg  # gradient rows
+        n_red = n_splits * (batch if broadcast else 1)  # partial rows summed into each, adjacent: (b, g, split)
+        # or, broadcast, (g, b, split)
+        part_b, part_g = (n_splits, batch * n_splits) if broadcast else (groups * n_splits, n_splits)
+        dshift = torch.empty((n_out, hidden), dtype=shift_dtype, device=x_btd.device)
+        dscale = torch.empty((n_out, hidden), dtype=scale_dtype, device=x_btd.device)
         if direct:
-            dshift = torch.empty((bg, hidden), dtype=shift_dtype, device=x_btd.device)
-            dscale = torch.empty((bg, hidden), dtype=scale_dtype, device=x_btd.device)
+            part_shift, part_scale = dshift, dscale
         else:
-            parts = torch.empty((2, bg * n_splits, hidden), dtype=torch.float32, device=x_btd.device)
-            dshift, dscale = parts[0], parts[1]
+            parts = torch.empty((2, n_out, n_red, hidden), dtype=torch.float32, device=x_btd.device)
+            part_shift, part_scale = parts[0], parts[1]
         if x_btd.numel():
             kernels("modulate").modulate_bwd(block_d, tpg < _FEW_TOKENS)[(bg * n_splits * d_blocks,)](
-                dy_btd, x_btd, scale_bgd, dx_btd, dshift, dscale, groups, tpg, hidden, d_blocks, n_splits,
-                rows_per_split, _batch_stride(scale_bgd), scale_bgd.stride(1), BLOCK_D=block_d,
+                dy_btd, x_btd, scale_bgd, dx_btd, part_shift, part_scale, groups, tpg, hidden, d_blocks, n_splits,
+                rows_per_split, _batch_stride(scale_bgd), scale_bgd.stride(1), part_b, part_g, BLOCK_D=block_d,
             )
+            if not direct:
+                sum_partials(parts.view(2 * n_out, n_red, hidden), dshift, dscale)
         else:
             dshift.zero_()
             dscale.zero_()
-        if not direct:
-            sums_2bgd = parts.view(2, batch, groups, n_splits, hidden).sum(3)
-            if broadcast:
-                sums_2bgd = sums_2bgd.sum(1, keepdim=True)
-            dshift, dscale = sums_2bgd[0].to(shift_dtype), sums_2bgd[1].to(scale_dtype)
         return dx_btd, dshift.reshape(shift_shape), dscale.reshape(scale_shape)
 
 

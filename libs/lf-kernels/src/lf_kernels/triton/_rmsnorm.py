@@ -10,6 +10,7 @@ import torch
 from .._fused_reference import rms_norm_reference
 from ._dispatch import FusedBackend, kernels, resolve_backend
 from ._layout import as_rows, cdiv, next_pow2
+from ._partials import sum_partials
 
 __all__ = ["rms_norm"]
 
@@ -60,7 +61,8 @@ class _RMSNormFn(torch.autograd.Function):
                 dy_nd, h_nd, weight, rstd_n, dres_nd, dh_nd, dw_part, dy_nd.stride(0), h_nd.stride(0),
                 dres_nd.stride(0), dh_nd.stride(0), n, d, rows_per_program, HAS_DRES=has_dres, BLOCK_D=block_d,
             )
-        dweight = dw_part.sum(0).to(weight.dtype)
+        dweight = torch.empty(d, dtype=weight.dtype, device=weight.device)
+        sum_partials(dw_part.view(1, programs, d), dweight.view(1, d))
         dh = dh_nd.view(shape)
         dx = dh if dh.dtype == x_dtype else dh.to(x_dtype)
         return dx, dweight, (dh if has_res else None), None

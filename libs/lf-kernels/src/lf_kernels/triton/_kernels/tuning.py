@@ -10,7 +10,10 @@ autotuner never benchmarks and the CPU suite stays fast.
 
 Persistent backward kernels (those that reduce over rows) run a grid fixed by
 :func:`persistent_split` before the launch, so the size of their float32
-partial-sum buffer does not depend on the config the tuner picks.
+partial-sum buffer does not depend on the config the tuner picks. Their loops
+keep the next tiles' loads in flight while a tile is computed (``STAGES``, see
+:data:`BWD_STAGES`): one program per SM alone otherwise waits a full memory
+latency per tile with only one tile's bytes requested.
 """
 
 from __future__ import annotations
@@ -43,6 +46,27 @@ def row_configs(block_d: int, *, rows=(1, 2, 4, 8, 16), warps=_WARPS, min_elems:
     return out or [triton.Config({name: rows[0]}, num_warps=warps[-1])]
 
 
+BWD_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+"""Loop pipelining the persistent backward kernels are tuned over (meta-parameter ``STAGES``): ``0`` loads the
+next tile into registers before computing the current one; ``1`` no pipelining (each tile's loads wait out a
+full memory latency: the kernels before issue 7's rewrite, kept as a candidate so tuning never loses to them);
+``k >= 2`` Triton's loop pipeliner (``tl.range(num_stages=k)``: ``cp.async`` copies ``k - 1`` tiles ahead into
+shared memory; checked with sm_90 builds that the tile loads become ``cp.async`` of 16 bytes). Under the
+interpreter only the first entry runs. A module setting so that benchmarks and tests can pin one mode
+(rebuild the kernels' ``functools.cache`` after changing it)."""
+
+BWD_PROGRAMS_PER_SM: int | None = None
+"""If set, overrides :func:`programs_per_sm` (benchmark sweeps); ``None`` keeps the measured rule."""
+
+
+def bwd_configs(configs: list[triton.Config], stages: tuple[int, ...] | None = None) -> list[triton.Config]:
+    """``configs`` x ``STAGES`` in ``stages`` (default :data:`BWD_STAGES`; only the first under the interpreter)."""
+    stages = BWD_STAGES if stages is None else stages
+    if INTERPRETED:
+        stages = stages[:1]
+    return [triton.Config({**c.kwargs, "STAGES": s}, num_warps=c.num_warps) for c in configs for s in stages]
+
+
 def autotuned(kernel, configs: list[triton.Config], key: list[str]):
     """``triton.autotune(configs, key)(kernel)``; one jitted kernel may sit under several tuners (one per bucket)."""
     return triton.autotune(configs=configs, key=key)(kernel)
@@ -73,8 +97,13 @@ def programs_per_sm(block_d: int, partials: int = 1) -> int:
     incl. the partial-sum reduction, sweep of 0.5x-8x the earlier count): 0.5x the earlier
     ``8192 / block_d`` was fastest for every reducing kernel at both bench shapes (rms_norm 8192 x 4096:
     73 us at 0.5x, 76 at 1x, 97 at 8x; 32760 x 1536: 110 / 119 / 124 us; modulate 62 / 67 / 78 us), so
-    fewer, longer-running programs and a smaller partial-sum buffer win.
+    fewer, longer-running programs and a smaller partial-sum buffer win. That sweep predates the
+    pipelined loops (``BWD_STAGES``) and kept the tuner's first pick across counts;
+    ``bench/kernels/row_bwd_sweep.py`` re-measures 1 / 2 / 4 per SM with them. :data:`BWD_PROGRAMS_PER_SM`
+    overrides the rule.
     """
+    if BWD_PROGRAMS_PER_SM is not None:
+        return BWD_PROGRAMS_PER_SM
     return max(1, min(4, 4096 // max(block_d, 1)) // partials)
 
 
