@@ -1,7 +1,7 @@
 """`lf eval RUN --baseline bc-mlp`: the behaviour-cloning MLP baseline next to the VLA and the random policy.
 
 Oracles: the eval JSON and ``bc_mlp/bc_mlp.json`` the command must write (read back: three policies per task,
-rates in [0, 1] that equal the stored per-episode flags, the training time taken from ``summary.json``), the
+rates in [0, 1] that equal the stored per-episode flags, the training budget taken from ``summary.json``), the
 BC MLP's own loss curve (it must fall), and a float64 numpy reference of the action (un)normalization.
 """
 
@@ -54,14 +54,14 @@ def _trained_run(trained_runs: dict[str, Path], tmp_path: Path, recipe: str = "v
 
 @pytest.mark.parametrize("recipe", ["vla", "vla_flow"])
 def test_lf_eval_bc_mlp_reports_three_policies(trained_runs, tmp_path, recipe):
-    """The BC MLP trains for the VLA's training time (summary.json, set to 2 s here; for the flow run given
-    by --bc-seconds 2 instead), and the eval JSON holds VLA, random and BC MLP success per task, each the mean
-    of its stored episode flags."""
+    """With --bc-budget time the BC MLP trains for the VLA's training time (summary.json, set to 2 s here; for
+    the flow run given by --bc-seconds 2 instead), and the eval JSON holds VLA, random and BC MLP success per
+    task, each the mean of its stored episode flags."""
     run_dir = _trained_run(trained_runs, tmp_path, recipe)
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["seconds"] = 2.0 if recipe == "vla" else 1000.0
     (run_dir / "summary.json").write_text(json.dumps(summary))
-    bc_seconds = ["--bc-seconds", "2"] if recipe == "vla_flow" else []
+    bc_seconds = ["--bc-seconds", "2"] if recipe == "vla_flow" else ["--bc-budget", "time"]
     result = CliRunner().invoke(app, ["eval", str(run_dir), "--episodes", "2", "--baseline", "bc-mlp",
                                       *bc_seconds, "--device", "cpu"])
     assert result.exit_code == 0, result.output
@@ -77,6 +77,47 @@ def test_lf_eval_bc_mlp_reports_three_policies(trained_runs, tmp_path, recipe):
     assert record["vla_seconds"] == 2.0 and 2.0 <= record["seconds"] < 10.0
     assert report["bc_mlp"]["steps"] == record["steps"] >= 1
     assert record["normalization"] == ("mean_std" if recipe == "vla_flow" else "bounds")
+    assert report["bc_mlp"]["budget"] == "time" and "wall-clock" in report["bc_mlp"]["budget_rule"]
+
+
+def test_lf_eval_bc_mlp_steps_budget(trained_runs, tmp_path):
+    """The default budget: as many optimizer steps as the VLA (summary.json ``steps``, set to 37 here) at the
+    VLA's global batch (config.toml), stated in the eval JSON; a saved BC MLP of another rule (time) is
+    retrained, one of the same rule is reused (its record is unchanged)."""
+    from lf_orchestrator.baselines import train_bc_mlp
+
+    run_dir = _trained_run(trained_runs, tmp_path)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["steps"] = 37
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    train_bc_mlp(run_dir, seconds=0.2)  # a time-budget BC MLP already in RUN/bc_mlp/
+    args = ["eval", str(run_dir), "--episodes", "1", "--no-random", "--baseline", "bc-mlp", "--device", "cpu"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    record = json.loads((run_dir / "bc_mlp" / "bc_mlp.json").read_text())
+    batch = load_config(run_dir / "config.toml").train.global_batch
+    assert (record["budget"], record["vla_steps"], record["steps"], record["batch_size"]) == ("steps", 37, 37, batch)
+    assert record["loss_curve"][-1][0] == 37
+    (report_path,) = run_dir.glob("eval-*.json")
+    report = json.loads(report_path.read_text())
+    assert report["bc_mlp"]["budget"] == "steps" and "as many optimizer steps" in report["bc_mlp"]["budget_rule"]
+    report_path.unlink()
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads((run_dir / "bc_mlp" / "bc_mlp.json").read_text()) == record
+
+
+def test_bc_budget_arguments(trained_runs, tmp_path):
+    """Both seconds and steps, an unknown rule or a bad --bc-budget are refused with messages naming them."""
+    from lf_orchestrator.baselines import train_bc_mlp
+
+    run_dir = _trained_run(trained_runs, tmp_path)
+    with pytest.raises(ValueError, match="not both"):
+        train_bc_mlp(run_dir, seconds=1.0, steps=3)
+    with pytest.raises(ValueError, match="unknown rule 'flops'"):
+        train_bc_mlp(run_dir, budget="flops")
+    result = CliRunner().invoke(app, ["eval", str(run_dir), "--baseline", "bc-mlp", "--bc-budget", "epochs"])
+    assert result.exit_code == 2 and "--bc-budget must be steps or time, got 'epochs'" in result.output
 
 
 @pytest.mark.parametrize("recipe", ["vla", "vla_flow"])

@@ -7,8 +7,10 @@ It predicts the whole normalized action chunk ``(horizon, action_dim)`` in one
 shot, trained with a mean-squared error over the real (not padded) steps, in the
 VLA run's action normalization: the dataset mean/std z-score for a ``vla_flow``
 run, the binning tokenizer's [-1, 1] bounds (``q01_q99`` / ``min_max``) for a
-token ``vla`` run. It trains on the run's dataset for the same wall-clock time as
-the VLA run trained (``summary.json`` ``seconds``), then acts through
+token ``vla`` run. It trains on the run's dataset for the VLA's training budget
+(:data:`BC_BUDGETS`): by default as many optimizer steps at the same batch size as
+the VLA (``summary.json`` ``steps``, ``train.global_batch``), else the same
+wall-clock time (``summary.json`` ``seconds``), then acts through
 :func:`lf_orchestrator.evaluate.rollout` like the VLA and the random policy
 (the behaviour-cloning baseline of Mandlekar et al., "What Matters in Learning
 from Offline Human Demonstrations for Robot Manipulation", CoRL 2021, without images).
@@ -39,6 +41,16 @@ BASELINES = ("bc-mlp",)
 """Names accepted by ``lf eval --baseline``."""
 
 BC_DIR = "bc_mlp"
+
+BC_BUDGETS = {
+    "steps": "the BC MLP took as many optimizer steps as the VLA at the VLA's global batch (the same number of "
+             "training samples drawn), whatever hardware either trained on",
+    "time": "the BC MLP trained for the VLA's training wall-clock time, on the machine that runs the evaluation "
+            "(a like-for-like budget only when the VLA trained on the same hardware)",
+}
+"""``lf eval --bc-budget`` rules and the sentence each writes into the records (``budget_rule``). ``steps`` is the
+default: a VLA trained on a GPU and a BC MLP trained on the evaluating CPU have wall-clock times that measure the
+hardware, not the method; equal optimizer steps and batch size do not depend on it."""
 
 
 class BCMLP(nn.Module):
@@ -120,26 +132,60 @@ def vla_train_seconds(run_dir: Path) -> float:
     return float(seconds)
 
 
-def train_bc_mlp(run_dir: Path, *, seconds: float | None = None, cfg: Config | None = None,
-                 batch_size: int | None = None, lr: float = 1e-3, log_every: int = 50,
-                 min_steps: int = 0) -> dict[str, Any]:
-    """Train the BC MLP on the run's dataset for ``seconds`` (default: the VLA's training time); save it.
+def vla_train_steps(run_dir: Path) -> int:
+    """The VLA run's optimizer steps (``summary.json`` ``steps``: all steps, also those of earlier sessions).
 
+    Raises:
+        FileNotFoundError: the run has no ``summary.json`` (it did not finish training).
+        ValueError: ``summary.json`` without a positive integer ``steps``.
+    """
+    path = Path(run_dir) / "summary.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"run folder {run_dir}: no summary.json (the VLA run did not finish training), "
+                                f"so the BC MLP's training steps are unknown")
+    steps = json.loads(path.read_text()).get("steps")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
+        raise ValueError(f"{path}: field 'steps' must be a positive integer, got {steps!r}")
+    return steps
+
+
+def train_bc_mlp(run_dir: Path, *, budget: str = "steps", seconds: float | None = None, steps: int | None = None,
+                 cfg: Config | None = None, batch_size: int | None = None, lr: float = 1e-3, log_every: int = 50,
+                 min_steps: int = 0) -> dict[str, Any]:
+    """Train the BC MLP on the run's dataset for the VLA's training budget; save it.
+
+    ``budget`` (:data:`BC_BUDGETS`): ``steps`` trains ``steps`` optimizer steps (default: the VLA's,
+    ``summary.json`` ``steps``); ``time`` trains ``seconds`` of wall-clock time (default: the VLA's,
+    ``summary.json`` ``seconds``). Giving ``seconds`` selects ``time``, giving ``steps`` selects ``steps``.
     Same data (``data.path``, ``data.action_horizon``), same state/action normalization as the
     run's encoder, batch ``train.global_batch`` samples drawn with replacement (seed ``run.seed``),
     AdamW at constant ``lr``. Returns (and writes to ``RUN/bc_mlp/bc_mlp.json``) the record:
-    ``seconds`` (trained), ``vla_seconds`` (the budget: the VLA's time or ``seconds``), ``steps``,
-    ``parameters``, ``loss_curve`` [[step, loss], ...] (mean over ``log_every`` steps), ``loss_first`` /
-    ``loss_last``. ``min_steps`` > 0 trains at least that many steps whatever the time (tests on a loaded
-    machine; `lf eval` leaves it 0).
+    ``budget`` and ``budget_rule`` (the rule and its sentence), ``seconds`` (trained), ``vla_seconds``
+    (``time``: the budget; ``steps``: the VLA's recorded time, or None), ``vla_steps`` (``steps``: the budget),
+    ``steps``, ``batch_size``, ``parameters``, ``loss_curve`` [[step, loss], ...] (mean over ``log_every``
+    steps), ``loss_first`` / ``loss_last``. ``min_steps`` > 0 trains at least that many steps whatever the
+    time (``time`` budget: tests on a loaded machine; `lf eval` leaves it 0).
 
     Raises:
-        FileNotFoundError: no ``summary.json`` (when ``seconds`` is None), encoder or dataset files.
+        ValueError: an unknown ``budget``, both ``seconds`` and ``steps``, or a non-positive one.
+        FileNotFoundError: no ``summary.json`` (when the budget comes from it), encoder or dataset files.
     """
     run_dir = Path(run_dir)
+    if seconds is not None and steps is not None:
+        raise ValueError(f"train_bc_mlp: give seconds ({seconds}) or steps ({steps}), not both")
+    budget = "time" if seconds is not None else "steps" if steps is not None else budget
+    if budget not in BC_BUDGETS:
+        raise ValueError(f"--bc-budget: unknown rule {budget!r} (known: {', '.join(BC_BUDGETS)})")
+    if (seconds is not None and not seconds > 0) or (steps is not None and steps < 1):
+        raise ValueError(f"train_bc_mlp: the budget must be positive, got seconds={seconds}, steps={steps}")
     cfg = cfg or load_config(run_dir / "config.toml")
-    vla_seconds = vla_train_seconds(run_dir) if seconds is None else float(seconds)
-    budget = vla_seconds
+    vla_steps = None
+    if budget == "time":
+        vla_seconds = vla_train_seconds(run_dir) if seconds is None else float(seconds)
+    else:
+        vla_steps = vla_train_steps(run_dir) if steps is None else int(steps)
+        summary = run_dir / "summary.json"  # the VLA's time, for the record only
+        vla_seconds = json.loads(summary.read_text()).get("seconds") if summary.is_file() else None
     encoder = assembly.load_encoder(cfg, run_dir)
     norm = ActionNormalizer(encoder)
     dataset = LeRobotDataset(cfg.data.path, action_horizon=cfg.data.action_horizon)
@@ -165,11 +211,14 @@ def train_bc_mlp(run_dir: Path, *, seconds: float | None = None, cfg: Config | N
         if len(window) == log_every:
             curve.append([step, float(np.mean(window))])
             window = []
-        if step >= min_steps and time.perf_counter() - t0 >= budget:
+        done = step >= vla_steps if budget == "steps" else \
+            step >= min_steps and time.perf_counter() - t0 >= vla_seconds
+        if done:
             break
     if window:
         curve.append([step, float(np.mean(window))])
-    record = {"seconds": time.perf_counter() - t0, "vla_seconds": vla_seconds, "steps": step,
+    record = {"budget": budget, "budget_rule": BC_BUDGETS[budget], "seconds": time.perf_counter() - t0,
+              "vla_seconds": vla_seconds, "vla_steps": vla_steps, "steps": step,
               "batch_size": batch_size, "lr": lr, "parameters": sum(p.numel() for p in model.parameters()),
               "sizes": model.sizes, "tasks": list(dataset.tasks), "normalization": norm.kind,
               "loss_first": curve[0][1], "loss_last": curve[-1][1], "loss_curve": curve}

@@ -229,8 +229,9 @@ def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = 
         summary = trainer.fit(progress.step)
     if summary.get("preempted"):
         if ctx.is_main:
-            console.print(f"{summary.get('signal', 'SIGTERM')}: saved step {summary['steps']} and stopped; "
-                          f"continue with `lf run --resume {run_dir}`")
+            from lf_orchestrator.fit import preempted_phrase
+
+            console.print(preempted_phrase(summary, run_dir, cfg.train.ckpt_every))
         raise typer.Exit(summary.get("exit_code", PREEMPTED_EXIT))
     if not ctx.is_main:
         return
@@ -254,10 +255,16 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
              random: Annotated[bool, typer.Option(help="Measure the random baseline.")] = True,
              baseline: Annotated[Optional[list[str]], typer.Option(
                  help="Also measure this baseline (repeatable): bc-mlp, a behaviour-cloning MLP on state + task "
-                      "one-hot, trained on the run's data for the VLA's training time (kept in RUN/bc_mlp/).")] = None,
+                      "one-hot, trained on the run's data for the VLA's budget (--bc-budget; kept in RUN/bc_mlp/).")
+             ] = None,
+             bc_budget: Annotated[str, typer.Option(
+                 help="The BC MLP's training budget: steps (the VLA's optimizer steps at its batch size, whatever "
+                      "hardware trained it) or time (the VLA's training wall-clock time, on this machine).")
+             ] = "steps",
              bc_seconds: Annotated[Optional[float], typer.Option(
                  help="Train the BC MLP this many seconds instead of summary.json's VLA training time (a run "
-                      "trained over several sessions: the summary times only the last).")] = None,
+                      "trained over several sessions: the summary times only the last); implies --bc-budget time."
+             )] = None,
              device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto"):
     """Run a trained VLA closed-loop in Meta-World and report success per task."""
     if not (run_dir / "config.toml").is_file():
@@ -267,6 +274,8 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
         _fail(f"--episodes must be >= 1, got {episodes}")
     if bc_seconds is not None and not bc_seconds > 0:
         _fail(f"--bc-seconds must be > 0, got {bc_seconds}")
+    if bc_budget not in ("steps", "time"):
+        _fail(f"--bc-budget must be steps or time, got {bc_budget!r}")
     try:
         recipe = load_config(run_dir / "config.toml").model.recipe
     except ConfigError as err:
@@ -287,10 +296,15 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
     try:
         report = evaluate_run(run_dir, device=dev, episodes=episodes,
                               tasks=tasks.split(",") if tasks else None, random_baseline=random,
-                              out_name=out_name, baselines=baseline or (), bc_seconds=bc_seconds)
+                              out_name=out_name, baselines=baseline or (), bc_seconds=bc_seconds,
+                              bc_budget="time" if bc_seconds is not None else bc_budget)
     except (FileNotFoundError, ConfigError, ValueError) as err:
         _fail(str(err))
     print_eval(report)
+    if "bc_mlp" in report:
+        bc = report["bc_mlp"]
+        console.print(f"BC MLP: {bc['steps']} steps of batch {bc['batch_size']} in {bc['seconds']:.0f} s; "
+                      f"{bc.get('budget_rule', 'the budget was the VLA training time')}", highlight=False)
     console.print(f"report: {run_dir / out_name}")
 
 

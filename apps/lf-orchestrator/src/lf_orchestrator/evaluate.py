@@ -78,7 +78,7 @@ class VLAPolicy:
     @torch.no_grad()
     def act(self, images: np.ndarray, states: np.ndarray, texts: Sequence[str]) -> np.ndarray:
         batch = self.encoder.observation(images, states, texts)
-        batch = {k: v.to(self.device) for k, v in batch.items()}
+        batch = assembly.fit_images({k: v.to(self.device) for k, v in batch.items()}, self.model.cfg.image_size)
         with self.precision.autocast(self.device.type):
             obs = (batch["image"], batch["instruction_ids"], batch["instruction_mask"], batch["state"])
             if hasattr(self.model, "sample_actions"):  # flow matching: normalized action chunks
@@ -160,15 +160,17 @@ def _baselines(tasks: list[str], action_dim: int, horizon: int, kw: dict[str, An
 def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = None,
                  tasks: Sequence[str] | None = None, random_baseline: bool | None = None,
                  out_name: str = "eval.json", baselines: Sequence[str] = (),
-                 bc_seconds: float | None = None) -> dict[str, Any]:
+                 bc_seconds: float | None = None, bc_budget: str = "steps") -> dict[str, Any]:
     """Closed-loop success per task for a run (and the random baseline); writes ``out_name``.
 
     The random baseline runs in a second process while the VLA is evaluated here, so a
     two-core machine evaluates both in the time of one. ``baselines`` may name ``"bc-mlp"``:
     the behaviour-cloning MLP of :mod:`lf_orchestrator.baselines`, trained first for the VLA's
-    training time (or ``bc_seconds``: a VLA run trained over several sessions, whose ``summary.json``
-    times only the last) unless ``RUN/bc_mlp/`` holds one, rolled out in the same worker with the same
-    seeds; its rows get ``bc_mlp_success`` and the report its training record under ``bc_mlp``.
+    training budget (``bc_budget``, :data:`lf_orchestrator.baselines.BC_BUDGETS`: ``steps``, the VLA's
+    optimizer steps at its batch size, or ``time``, its training time or ``bc_seconds``: a VLA run trained
+    over several sessions, whose ``summary.json`` times only the last) unless ``RUN/bc_mlp/`` holds one
+    trained under the same rule, rolled out in the same worker with the same seeds; its rows get
+    ``bc_mlp_success`` and the report its training record (with ``budget_rule``) under ``bc_mlp``.
 
     Raises:
         ValueError: an unknown task or baseline name.
@@ -192,9 +194,11 @@ def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = 
     bc_record = None
     if "bc-mlp" in baselines:
         record_path = run_dir / BC_DIR / "bc_mlp.json"
+        budget = "time" if bc_seconds is not None else bc_budget
         saved = record_path.is_file() and (run_dir / BC_DIR / "model.safetensors").is_file()
-        bc_record = (json.loads(record_path.read_text()) if saved
-                     else train_bc_mlp(run_dir, cfg=cfg, seconds=bc_seconds))
+        bc_record = json.loads(record_path.read_text()) if saved else None
+        if bc_record is None or bc_record.get("budget", "time") != budget:  # none yet, or another rule's
+            bc_record = train_bc_mlp(run_dir, cfg=cfg, budget=budget, seconds=bc_seconds)
     policy = VLAPolicy.from_run(run_dir, device, cfg)
     baseline = e.random_baseline if random_baseline is None else random_baseline
     kw = dict(episodes=episodes, seed=e.seed, max_steps=e.max_steps,
