@@ -1,4 +1,5 @@
-"""Model families trained by the recipe trainer: ``llm`` (llama3), ``vlm`` (qwen2_vl), ``video`` (wan_dit).
+"""Model families trained by the recipe trainer: ``llm`` (llama3), ``vlm`` (qwen2_vl), ``video`` (wan_dit),
+``video_vae`` (wan_vae).
 
 A family turns the run config into a model, batches and a loss (:class:`~.base.Family`);
 :mod:`lf_orchestrator.recipe_trainer` runs any of them under an lf-parallel plan.
@@ -10,12 +11,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-FAMILY_RECIPES: dict[str, str] = {"llama3": "llm", "qwen2_vl": "vlm", "wan_dit": "video"}
+FAMILY_RECIPES: dict[str, str] = {"llama3": "llm", "qwen2_vl": "vlm", "wan_dit": "video",
+                                  "wan_vae": "video_vae"}
 """``model.recipe`` -> family module under ``lf_orchestrator.families``."""
 
 
 def family_module(recipe: str):
-    """The family module (``llm``, ``vlm`` or ``video``) of ``model.recipe``; KeyError for other recipes."""
+    """The family module (``llm``, ``vlm``, ``video``, ``video_vae``) of ``model.recipe``; KeyError otherwise."""
     return importlib.import_module(f"lf_orchestrator.families.{FAMILY_RECIPES[recipe]}")
 
 

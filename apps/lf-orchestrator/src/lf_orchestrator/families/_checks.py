@@ -68,18 +68,61 @@ def check_family_config(cfg, where: str) -> None:
             _fail(where, "vlm.eval_fraction", "a number in (0, 1)", v.eval_fraction)
     elif m.recipe == "wan_dit":
         _check_video(cfg, rcfg, where)
+    elif m.recipe == "wan_vae":
+        _check_vae(cfg, rcfg, where)
+
+
+def _check_clips(cfg, vae, where: str) -> None:
+    """``video.frames`` / ``video.clip_stride`` against the VAE's causal layout and the episodes."""
+    v = cfg.video
+    if v.frames < 1 or (v.frames - 1) % vae.temporal_factor:
+        _fail(where, "video.frames", f"1 + {vae.temporal_factor} * k (the VAE's causal frame layout)", v.frames)
+    if v.clip_stride < 1:
+        _fail(where, "video.clip_stride", "an integer >= 1", v.clip_stride)
+
+
+def _check_vae(cfg, vae, where: str) -> None:
+    """The wan_vae recipe (video_vae family): clips of ``data.image_size`` and the ``[vae]`` section."""
+    _check_clips(cfg, vae, where)
+    if cfg.video.frames > cfg.data.max_steps:
+        _fail(where, "video.frames", f"at most data.max_steps ({cfg.data.max_steps})", cfg.video.frames)
+    if cfg.data.image_size % vae.spatial_factor:
+        _fail(where, "data.image_size", f"a multiple of {vae.spatial_factor} (the VAE's stride)", cfg.data.image_size)
+    a = cfg.vae
+    if not a.kl_weight >= 0:
+        _fail(where, "vae.kl_weight", "a number >= 0", a.kl_weight)
+    if not 0 < a.eval_fraction < 1:
+        _fail(where, "vae.eval_fraction", "a number in (0, 1)", a.eval_fraction)
+    if a.eval_clips < 1:
+        _fail(where, "vae.eval_clips", "an integer >= 1", a.eval_clips)
+
+
+def _video_vae_config(v, where: str):
+    """The VAE config a video run encodes with: the wan_vae run's when ``video.vae_weights`` names an existing
+    run folder (its ``model.size`` must be ``video.vae_size``), else ``video.vae_size``'s."""
+    from lf_ir.recipes.wan_vae import SIZES as VAE_SIZES
+    from lf_ir.recipes.wan_vae import wan_vae_config
+    from lf_orchestrator.families._vae_run import is_vae_run, run_vae_config
+
+    if v.vae_size not in VAE_SIZES:
+        _fail(where, "video.vae_size", f"one of {sorted(VAE_SIZES)}", v.vae_size)
+    if not is_vae_run(v.vae_weights):
+        return wan_vae_config(v.vae_size)
+    try:
+        size, vae = run_vae_config(v.vae_weights)
+    except (FileNotFoundError, ValueError, TypeError, msgspec.ValidationError) as err:
+        from lf_orchestrator.config import ConfigError
+
+        raise ConfigError(f"{where}: {err}") from None
+    if size != v.vae_size:
+        _fail(where, "video.vae_size", f"the model.size of the wan_vae run {v.vae_weights} ({size!r})", v.vae_size)
+    return vae
 
 
 def _check_video(cfg, rcfg, where: str) -> None:
-    from lf_ir.recipes.wan_vae import SIZES as VAE_SIZES
-    from lf_ir.recipes.wan_vae import wan_vae_config
-
     v = cfg.video
-    if v.vae_size not in VAE_SIZES:
-        _fail(where, "video.vae_size", f"one of {sorted(VAE_SIZES)}", v.vae_size)
-    vae = wan_vae_config(v.vae_size)
-    if v.frames < 1 or (v.frames - 1) % vae.temporal_factor:
-        _fail(where, "video.frames", f"1 + {vae.temporal_factor} * k (the VAE's causal frame layout)", v.frames)
+    vae = _video_vae_config(v, where)
+    _check_clips(cfg, vae, where)
     side = vae.spatial_factor * rcfg.patch[1]
     if v.latents == "synthetic":
         for key, value in (("video.height", v.height), ("video.width", v.width)):

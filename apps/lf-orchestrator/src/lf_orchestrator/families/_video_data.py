@@ -5,8 +5,10 @@ starting every ``video.clip_stride`` frames, scaled to [-1, 1] and encoded once 
 the Wan VAE (``lf_ir.recipes.wan_vae``, chunked causal encoding, latent mean,
 then ``normalize_latents``). Cache (atomic: hidden folder, then rename):
 ``<video.cache_dir>/<key>/latents.safetensors`` with ``latents`` (clips, z, f, h, w)
-float32 and ``task_index`` (clips,), keyed by the dataset's ``info.json``, the VAE
-settings and the clip layout.
+float32, ``task_index`` (clips,) and the normalization's ``latents_mean`` / ``latents_std`` (z,),
+keyed by the dataset's ``info.json``, the VAE settings and the clip layout. A VAE trained by a
+``wan_vae`` run (``video.vae_weights`` names its folder) normalizes with the statistics of these
+clips' latents (:mod:`._vae_run`).
 
 Text encoder ``"embedding"``: a fixed N(0, 1) table (words, text_dim) seeded by
 ``run.seed``, looked up for the instruction's word ids (``lf_data``'s word-level
@@ -28,17 +30,25 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-FORMAT = 1
+FORMAT = 2
 
 
-def build_vae(v, device: torch.device | str = "cpu"):
-    """The Wan VAE of ``video.vae_size``: ``video.vae_weights`` loaded, else lf-ir's init with ``video.vae_seed``.
+def build_vae(v, device: torch.device | str = "cpu", run_dir: Path | None = None):
+    """The Wan VAE of a video run: the run folder's ``vae.safetensors`` when ``run_dir`` has one (a trained VAE
+    with its latent statistics, :mod:`._vae_run`), else the wan_vae run named by ``video.vae_weights`` (a folder),
+    else ``video.vae_size`` with the ``video.vae_weights`` file loaded, else lf-ir's init with ``video.vae_seed``.
 
     Raises:
-        FileNotFoundError: ``video.vae_weights`` names a missing file.
+        FileNotFoundError: ``video.vae_weights`` names a missing file, or a run folder without a checkpoint.
     """
     from lf_ir import materialize
     from lf_ir.recipes.wan_vae import WanVAE, wan_vae_config
+    from lf_orchestrator.families._vae_run import VAE_FILE, is_vae_run, load_run_vae, load_vae_file
+
+    if run_dir is not None and (Path(run_dir) / VAE_FILE).is_file():
+        return load_vae_file(Path(run_dir) / VAE_FILE, device)
+    if is_vae_run(v.vae_weights):
+        return load_run_vae(v.vae_weights, device)
 
     with torch.device("meta"):
         vae = WanVAE(wan_vae_config(v.vae_size))
@@ -52,8 +62,12 @@ def build_vae(v, device: torch.device | str = "cpu"):
 
 def _key(cfg, dataset_root: Path) -> str:
     v = cfg.video
+    from lf_orchestrator.families._vae_run import is_vae_run, run_vae_id
+
     weights = ""
-    if v.vae_weights:
+    if is_vae_run(v.vae_weights):
+        weights = run_vae_id(v.vae_weights)
+    elif v.vae_weights:
         st = Path(v.vae_weights).stat()
         weights = f"{Path(v.vae_weights).resolve()}:{st.st_size}:{st.st_mtime_ns}"
     info = (dataset_root / "meta" / "info.json").read_text()
@@ -69,8 +83,11 @@ def clip_starts(dataset, frames: int, stride: int) -> list[tuple[int, int]]:
     return out
 
 
-def encode_clips(cfg, dataset, batch: int = 4) -> dict[str, torch.Tensor]:
-    """Latents of every clip (cached; see the module docstring). Raises ValueError when no episode is long enough."""
+def encode_clips(cfg, dataset, batch: int = 4, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Latents of every clip (CPU tensors; cached, see the module docstring), encoded ``batch`` clips at a time on
+    ``device``. Raises ValueError when no episode is long enough."""
+    from lf_orchestrator.families._vae_run import is_vae_run, latent_stats, with_stats
+
     v = cfg.video
     final = Path(v.cache_dir) / _key(cfg, Path(dataset.root))
     if (final / "latents.safetensors").is_file():
@@ -78,14 +95,19 @@ def encode_clips(cfg, dataset, batch: int = 4) -> dict[str, torch.Tensor]:
     starts = clip_starts(dataset, v.frames, v.clip_stride)
     if not starts:
         raise ValueError(f"video.frames: no episode of {dataset.root} has {v.frames} frames")
-    vae, latents = build_vae(v), []
+    vae, latents = build_vae(v, device), []
     with torch.no_grad():
         for i in range(0, len(starts), batch):
             clips = [torch.stack([torch.as_tensor(dataset.image(s + j)) for j in range(v.frames)])
                      for s, _ in starts[i:i + batch]]
             video_bcthw = torch.stack(clips).permute(0, 4, 1, 2, 3).float() / 127.5 - 1.0
-            latents.append(vae.normalize_latents(vae.encode(video_bcthw)[0]))
-    tensors = {"latents": torch.cat(latents).contiguous(), "task_index": torch.tensor([t for _, t in starts])}
+            latents.append(vae.encode(video_bcthw.to(device))[0].cpu())
+    raw = torch.cat(latents)
+    if is_vae_run(v.vae_weights):  # a trained VAE without published statistics: those of these clips
+        with_stats(vae, *latent_stats(raw))
+    tensors = {"latents": vae.normalize_latents(raw).contiguous(),
+               "task_index": torch.tensor([t for _, t in starts]),
+               "latents_mean": torch.tensor(vae.cfg.latents_mean), "latents_std": torch.tensor(vae.cfg.latents_std)}
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

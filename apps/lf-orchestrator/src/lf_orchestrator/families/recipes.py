@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 _MODEL = {"llama3": ("Llama3Config", "Llama3Model"), "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLModel"),
-          "wan_dit": ("WanDiTConfig", "WanDiTModel")}
+          "wan_dit": ("WanDiTConfig", "WanDiTModel"), "wan_vae": ("WanVAEConfig", "WanVAE")}
 
 
 def recipe_config(recipe: str, size: str, overrides: dict):

@@ -89,3 +89,15 @@ class VideoSection(_Section):
     """With ``latents = "synthetic"``: clip width, pixels (a multiple of the VAE stride x patch, 16)."""
     synthetic_clips: int = 64
     """With ``latents = "synthetic"``: distinct training clips (indices of the sampler)."""
+
+
+class VAESection(_Section):
+    """Training of the Wan VAE by the ``video_vae`` family (``model.recipe = "wan_vae"``) on Meta-World clips;
+    the clips are ``video.frames`` frames every ``video.clip_stride`` at ``data.image_size``."""
+
+    kl_weight: float = 1e-4
+    """Weight of the KL term against the L1 reconstruction, both means per element (latent elements, pixels)."""
+    eval_fraction: float = 0.1
+    """Share of episodes held out for the evaluation (every ``round(1 / eval_fraction)``-th episode)."""
+    eval_clips: int = 16
+    """Held-out clips the evaluation reconstructs."""

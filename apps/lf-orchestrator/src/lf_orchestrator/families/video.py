@@ -9,7 +9,9 @@ logit-normal, shifted by ``video.shift``), Gaussian noise, and with probability
 (classifier-free guidance, Ho & Salimans 2022). Loss: the velocity MSE of
 ``lf_ir.flow.flow_matching_loss`` per sample, summed (normalizer: samples).
 Evaluation: the same loss on the first clips at fixed sigmas (0.25, 0.5, 0.75)
-and fixed noise. Data and text encoder: :mod:`._video_data`.
+and fixed noise. Data and text encoder: :mod:`._video_data`. With ``video.vae_weights`` naming a
+``wan_vae`` run folder the clips are encoded by that trained VAE and the run folder gets its
+``vae.safetensors`` for ``lf sample`` (:mod:`._vae_run`).
 
 Legend: ``x0_bcfhw`` (batch, z, latent frames, h, w); ``text_bld`` (batch, text_len, text_dim).
 """
@@ -23,7 +25,8 @@ import torch
 from lf_ir.flow import flow_matching_loss, interpolate, sample_sigmas, timesteps_from_sigmas
 from lf_orchestrator.families._context import cp_all_sum, video_loss_share
 from lf_orchestrator.families._metaworld import open_dataset
-from lf_orchestrator.families._video_data import encode_clips, encode_text, save_text_encoder, text_table
+from lf_orchestrator.families._vae_run import VAE_FILE, is_vae_run, save_vae_file, with_stats
+from lf_orchestrator.families._video_data import build_vae, encode_clips, encode_text, save_text_encoder, text_table
 from lf_orchestrator.families.base import Family, sample_seed
 
 EVAL_SIGMAS = (0.25, 0.5, 0.75)
@@ -57,8 +60,13 @@ class VideoFamily(Family):
                               "the loss regresses onto noise and means nothing)")
         else:
             dataset = open_dataset(self.cfg, generate=self.ctx.is_main)
-            tensors = encode_clips(self.cfg, dataset)
+            gpu = self.ctx.device.type == "cuda"
+            tensors = encode_clips(self.cfg, dataset, batch=32 if gpu else 4, device=self.ctx.device)
             self.latents, self.task_index, tasks = tensors["latents"], tensors["task_index"].long(), dataset.tasks
+            if self.ctx.is_main and is_vae_run(self.cfg.video.vae_weights):  # `lf sample` decodes with this file
+                vae = with_stats(build_vae(self.cfg.video), tuple(tensors["latents_mean"].tolist()),
+                                 tuple(tensors["latents_std"].tolist()))
+                save_vae_file(self.run_dir / VAE_FILE, vae)
         self.tok = build_instruction_tokenizer(tasks)
         table = text_table(self.tok.get_vocab_size(), rc.text_dim, self.cfg.run.seed)
         self.text_states = encode_text(self.tok, table, tasks, rc.text_len)

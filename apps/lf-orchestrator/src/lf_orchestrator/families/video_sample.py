@@ -2,7 +2,8 @@
 
 ``v = v_null + g (v_text - v_null)`` (classifier-free guidance) integrated by
 ``lf_ir.flow.euler_sample`` over ``sampling_sigmas(steps, video.shift)`` from
-seeded noise; latents are de-normalized and decoded by the run's Wan VAE; the
+seeded noise; latents are de-normalized and decoded by the run's Wan VAE (the run folder's
+``vae.safetensors`` when the run trained on a ``wan_vae`` run's VAE, :mod:`._vae_run`); the
 clip (frames, H, W, 3) uint8 is written by ``lf_data.write_video``.
 """
 
@@ -39,19 +40,34 @@ def load_video_model(cfg, run_dir: Path, device: torch.device | str = "cpu"):
 
 def sample_video(cfg, run_dir: Path, prompt: str, *, out: Path, frames: int | None = None, steps: int | None = None,
                  guidance: float | None = None, seed: int = 0, fps: int = 10) -> tuple[Path, tuple[int, int, int]]:
-    """Generate one clip for ``prompt`` and write it to ``out``; returns (path, (frames, height, width)).
+    """Generate one clip for ``prompt`` (:func:`sample_clip`) and write it to ``out``; returns (path, (frames,
+    height, width)).
 
     Raises:
         ValueError: ``frames`` not 4k + 1 for the VAE, or steps < 1.
         FileNotFoundError: the run folder lacks its checkpoint or text encoder.
     """
     from lf_data import write_video
+
+    clip = sample_clip(cfg, run_dir, prompt, frames=frames, steps=steps, guidance=guidance, seed=seed)
+    path = write_video(out, clip, fps)
+    return Path(path), tuple(clip.shape[:3])
+
+
+def sample_clip(cfg, run_dir: Path, prompt: str, *, frames: int | None = None, steps: int | None = None,
+                guidance: float | None = None, seed: int = 0):
+    """One generated clip for ``prompt``: uint8 numpy array (frames, height, width, 3), on the CPU.
+
+    Raises:
+        ValueError: ``frames`` not 4k + 1 for the VAE, or steps < 1.
+        FileNotFoundError: the run folder lacks its checkpoint or text encoder.
+    """
     from lf_ir.recipes.wan_vae import latent_shape
 
     v = cfg.video
     frames, steps = frames or v.frames, steps or v.sample_steps
     guidance = v.guidance if guidance is None else guidance
-    vae = build_vae(v)
+    vae = build_vae(v, run_dir=run_dir)  # a trained VAE's file in the run folder first
     lf, lh, lw = latent_shape(vae.cfg, frames, cfg.data.image_size, cfg.data.image_size)
     if steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
@@ -72,6 +88,4 @@ def sample_video(cfg, run_dir: Path, prompt: str, *, out: Path, frames: int | No
     with torch.no_grad():
         latents = euler_sample(velocity, noise, sampling_sigmas(steps, v.shift))
         video = vae.decode(vae.denormalize_latents(latents))[0]  # (3, T, H, W) in [-1, 1]
-    clip = ((video.permute(1, 2, 3, 0) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).numpy()
-    path = write_video(out, clip, fps)
-    return Path(path), tuple(clip.shape[:3])
+    return ((video.permute(1, 2, 3, 0) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).numpy()
