@@ -116,6 +116,23 @@ def model_config(cfg: Config, encoder: VLABatchEncoder | FlowBatchEncoder) -> VL
         raise ConfigError(f"model: {err}") from None
 
 
+def fit_images(batch: dict[str, torch.Tensor], side: int) -> dict[str, torch.Tensor]:
+    """``batch`` with its ``image`` (n, H, W, 3) uint8 resized to the model's ``side`` x ``side`` when it differs.
+
+    The model's ``image_size`` follows ``data.image_size`` unless ``model.overrides`` sets it, e.g. the 3B VLA's
+    SigLIP-style 224 x 224 (patch 14) on 64-pixel Meta-World frames (``examples/full/vla_3b.toml``): the frames
+    are resized bilinearly with antialiasing and rounded back to uint8 (the model's own pixel scaling follows).
+    Works on any device; a batch of the right size is returned unchanged.
+    """
+    image = batch["image"]
+    if image.shape[1] == side and image.shape[2] == side:
+        return batch
+    x = image.permute(0, 3, 1, 2).float()
+    x = torch.nn.functional.interpolate(x, size=(side, side), mode="bilinear", antialias=True, align_corners=False)
+    resized = x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+    return {**batch, "image": resized}
+
+
 def build_model(vla_cfg: VLAConfig | VLAFlowConfig, device: torch.device, seed: int) -> VLAModel | VLAFlowModel:
     """Lower the VLA graph (token or flow, by the config type) on the meta device and materialize it on ``device``."""
     with torch.device("meta"):

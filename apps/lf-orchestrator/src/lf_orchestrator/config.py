@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from lf_orchestrator.families.sections import CorpusSection, VideoSection, VLMSection
+from lf_orchestrator.families.sections import CorpusSection, VAESection, VideoSection, VLMSection
 
 
 class ConfigError(ValueError):
@@ -84,9 +84,10 @@ class ActionTokenizerSection(_Section):
 
 
 class ModelSection(_Section):
-    recipe: Literal["vla", "vla_flow", "llama3", "qwen2_vl", "wan_dit"] = "vla"
+    recipe: Literal["vla", "vla_flow", "llama3", "qwen2_vl", "wan_dit", "wan_vae"] = "vla"
     """IR recipe: ``vla`` (action tokens, cross-entropy) or ``vla_flow`` (pi0-style flow-matching action expert);
-    ``llama3`` / ``qwen2_vl`` / ``wan_dit`` train the llm / vlm / video families (``lf_orchestrator.families``)."""
+    ``llama3`` / ``qwen2_vl`` / ``wan_dit`` / ``wan_vae`` train the llm / vlm / video / video_vae families
+    (``lf_orchestrator.families``)."""
     size: str = "small"
     """Named size of the recipe."""
     overrides: dict[str, int] = msgspec.field(default_factory=dict)
@@ -111,7 +112,8 @@ class TrainSection(_Section):
     log_every: int = 10
     """Steps between scalar logs."""
     ckpt_every: int = 250
-    """Steps between checkpoints."""
+    """Steps between checkpoints (and the last step); 0 = no checkpoints at all, not even at the end or on
+    SIGTERM (runs whose optimizer state is not worth the disk, e.g. 200-step full-size throughput runs)."""
     keep_checkpoints: int = 2
     """Checkpoints kept (oldest deleted)."""
     async_checkpoint: bool = False
@@ -151,7 +153,9 @@ class MemorySection(_Section):
 
 class ParallelSection(_Section):
     plan: Literal["auto", "manual"] = "auto"
-    """``auto`` picks a data-parallel plan; ``manual`` uses the fields below."""
+    """``auto``: the fastest plan of ``lf plan``'s ranking that the trainer can run (llm / vlm / video families:
+    dp, ZeRO, tp, and cp / pp where the family supports them; the VLA trainer: data parallel); ``manual`` uses
+    the fields below."""
     dp: int = 1
     """Manual plan: data-parallel processes."""
     micro_batch: int = 64
@@ -196,6 +200,7 @@ class Config(_Section):
     corpus: CorpusSection = CorpusSection()
     vlm: VLMSection = VLMSection()
     video: VideoSection = VideoSection()
+    vae: VAESection = VAESection()
 
 
 DEFAULT_NAME = "metaworld_vla.toml"
@@ -325,7 +330,7 @@ def check_config(cfg: Config, where: str = "config") -> Config:
     """Range checks and paths that must exist; ConfigError naming the key otherwise."""
     t, d, e = cfg.train, cfg.data, cfg.eval
     for key, value in [("train.steps", t.steps), ("train.global_batch", t.global_batch),
-                       ("train.log_every", t.log_every), ("train.ckpt_every", t.ckpt_every),
+                       ("train.log_every", t.log_every),
                        ("train.keep_checkpoints", t.keep_checkpoints),
                        ("data.episodes_per_task", d.episodes_per_task),
                        ("data.image_size", d.image_size), ("data.max_steps", d.max_steps),
@@ -350,6 +355,9 @@ def check_config(cfg: Config, where: str = "config") -> Config:
     _require(0 <= t.min_lr_ratio <= 1, where, "train.min_lr_ratio", "a number in [0, 1]",
              t.min_lr_ratio)
     _require(t.warmup_steps >= 0, where, "train.warmup_steps", "an integer >= 0", t.warmup_steps)
+    _require(t.ckpt_every >= 0, where, "train.ckpt_every", "an integer >= 0 (0 = no checkpoints)", t.ckpt_every)
+    _require(t.ckpt_every > 0 or t.on_nonfinite != "rollback", where, "train.ckpt_every",
+             'an integer >= 1 with train.on_nonfinite = "rollback" (it reloads a checkpoint)', t.ckpt_every)
     _require(t.grad_clip >= 0, where, "train.grad_clip", "a number >= 0", t.grad_clip)
     _require(t.hang_timeout_s >= 0, where, "train.hang_timeout_s", "a number >= 0 (0 disables)", t.hang_timeout_s)
     _require(cfg.run.threads >= 0, where, "run.threads", "an integer >= 0", cfg.run.threads)

@@ -10,7 +10,9 @@ Per step: ``trainer.train_step()``; every ``train.log_every`` steps (and the las
 ``metrics.jsonl`` / TensorBoard with the throughput of the window since the previous log line, ``step_s``
 (seconds per step over that window, checkpoint writes included) and, on CUDA, ``peak_mem_gib``
 (``torch.cuda.max_memory_allocated`` since the start, GiB, of the main rank, which writes the logs); every
-``train.ckpt_every`` steps (and the last) ``trainer.save()`` and ``loss_curve.png`` (rank 0). Faults
+``train.ckpt_every`` steps (and the last) ``trainer.save()`` and ``loss_curve.png`` (rank 0); with
+``train.ckpt_every = 0`` nothing is saved, not even the last step or at a signal (the curve is still drawn at the
+end): for throughput runs of models whose optimizer state would fill the disk. Faults
 (:mod:`lf_orchestrator.families._faults`): ``train.on_nonfinite = "rollback"`` saves step 0 first when the run
 has no checkpoint yet, and after a rollback (:class:`lf_orchestrator.faults.RolledBack`) the logs restart at
 the checkpoint's step; SIGTERM / SIGINT save the step and stop (the summary says ``preempted``, ``signal``,
@@ -125,13 +127,13 @@ def fit_loop(trainer, on_step: StepCallback | None = None, *, step_units: Callab
                     logger.log(trainer.step, last)
                 if on_step is not None:
                     on_step(trainer.step, last)
-                saved = trainer.step % t.ckpt_every == 0 or trainer.step == t.steps
+                saved = t.ckpt_every > 0 and (trainer.step % t.ckpt_every == 0 or trainer.step == t.steps)
                 if saved:
                     trainer.save()
-                    if ctx.is_main:
-                        plot_loss_curve(run_dir, loss_label)
+                if ctx.is_main and (saved or trainer.step == t.steps):
+                    plot_loss_curve(run_dir, loss_label)
                 if guard.step_done():  # SIGTERM / SIGINT on some rank: checkpoint this step, then stop
-                    if not saved:
+                    if not saved and t.ckpt_every > 0:
                         trainer.save()
                     preempted = True
                     break
@@ -155,3 +157,12 @@ def trained_phrase(summary: dict) -> str:
     if start:
         return f"trained steps {start + 1}-{steps} in {seconds:.0f} s (resumed from step {start})"
     return f"trained {steps} steps in {seconds:.0f} s"
+
+
+def preempted_phrase(summary: dict, run_dir, ckpt_every: int) -> str:
+    """What `lf run` prints after a SIGTERM / SIGINT stop: the saved step and how to resume, or with
+    ``train.ckpt_every = 0`` that nothing was saved."""
+    sig = summary.get("signal", "SIGTERM")
+    if ckpt_every == 0:
+        return f"{sig}: stopped at step {summary['steps']}; nothing saved (train.ckpt_every = 0)"
+    return f"{sig}: saved step {summary['steps']} and stopped; continue with `lf run --resume {run_dir}`"

@@ -55,12 +55,27 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_loss_curve(run_dir: Path, ylabel: str = "training loss") -> Path | None:
-    """Write ``loss_curve.png`` (training loss against step, y axis ``ylabel``) and return its path."""
+def plot_loss_curve(run_dir: Path, ylabel: str = "training loss", *, out: Path | None = None,
+                    title: str | None = None) -> Path | None:
+    """Write the training loss against step (log y axis labelled ``ylabel``) of ``run_dir``'s metrics as a PNG.
+
+    Args:
+        run_dir: the run folder (its ``metrics.jsonl``).
+        ylabel: the y axis label (what the loss is).
+        out: the PNG to write; default ``run_dir/loss_curve.png``.
+        title: the plot title; default the run folder's name.
+
+    Returns:
+        The PNG's path, or None when there is no ``train/loss`` record or matplotlib is not installed (the numbers
+        stay in ``metrics.jsonl``; a training run does not fail for want of a plot).
+    """
     records = [r for r in read_metrics(run_dir) if "train/loss" in r]
     if not records:
         return None
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -70,11 +85,11 @@ def plot_loss_curve(run_dir: Path, ylabel: str = "training loss") -> Path | None
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.set_yscale("log")
-    ax.set_title(Path(run_dir).name)
+    ax.set_title(title if title is not None else Path(run_dir).name)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    out = Path(run_dir) / CURVE_FILE
-    tmp = out.with_name(".loss_curve.tmp.png")
+    out = Path(out) if out is not None else Path(run_dir) / CURVE_FILE
+    tmp = out.with_name(f".{out.stem}.tmp.png")
     fig.savefig(tmp)
     plt.close(fig)
     tmp.replace(out)

@@ -56,6 +56,22 @@ def _recipe(name: str):
             from None
 
 
+def _run_sample(cfg) -> tuple[int | None, dict]:
+    """(tokens per sample, more ``build_graph`` arguments) of the sample a run config trains on, where the
+    recipe's default graph is not it: llama3 rows of ``corpus.seq_len`` (not the recipe's 131,072-token
+    ``max_seq_len``), qwen2_vl samples of one ``vlm.image_size`` image (:mod:`.families.vlm`); else (None, {})."""
+    if cfg.model.recipe == "llama3":
+        return cfg.corpus.seq_len, {}
+    if cfg.model.recipe == "qwen2_vl":
+        from lf_orchestrator.families.recipes import recipe_config
+        from lf_orchestrator.families.vlm import PROMPT_TOKENS, image_tokens
+
+        rcfg, _ = recipe_config(cfg.model.recipe, cfg.model.size, cfg.model.overrides)
+        tokens = image_tokens(cfg.vlm.image_size, rcfg)
+        return tokens + PROMPT_TOKENS, {"image_patches": tokens * rcfg.spatial_merge_size ** 2}
+    return None, {}
+
+
 def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[str], seq: Optional[int],
                   frames: Optional[int] = None, height: Optional[int] = None, width: Optional[int] = None):
     """(IR graph, tokens per sample of the main component, global batch from the config or None).
@@ -63,13 +79,16 @@ def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[
     Raises:
         ValueError: no model given, unknown recipe/size, or a bad video size; ConfigError from the config.
     """
-    overrides, batch = {}, None
+    overrides, batch, graph_kw = {}, None, {}
     if config is not None:
         from lf_orchestrator.config import load_config
 
         cfg = load_config(config)
+        same_recipe = recipe in (None, cfg.model.recipe)
         recipe, size = recipe or cfg.model.recipe, size or cfg.model.size
         overrides, batch = dict(cfg.model.overrides), cfg.train.global_batch
+        if seq is None and same_recipe:
+            seq, graph_kw = _run_sample(cfg)
     if not recipe or not size:
         raise ValueError("give a run CONFIG, or --recipe and --size (e.g. --recipe llama3 --size 70B)")
     module = _recipe(recipe)
@@ -80,7 +99,7 @@ def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[
     takes_seq = "seq_len" in inspect.signature(module.build_graph).parameters
     if seq is not None and not takes_seq:
         raise ValueError(f"--seq: the {recipe} recipe's sequence length follows from its config")
-    graph = module.build_graph(cfg, seq_len=seq) if seq else module.build_graph(cfg)
+    graph = module.build_graph(cfg, seq_len=seq, **graph_kw) if seq else module.build_graph(cfg)
     from lf_memory._estimate_graph import graph_view
 
     return graph, graph.component(graph_view(graph).main).seq_len, batch
@@ -106,6 +125,22 @@ def _cost_row(cand) -> dict:
             "memory_gib": {k: v / GIB for k, v in c.memory.breakdown().items()}}
 
 
+def _runnable(config: Optional[Path], graph, tokens: int):
+    """With a run CONFIG of a recipe-trainer family: plan -> why ``lf run`` cannot run it (None: it can);
+    else None (no column)."""
+    if config is None:
+        return None
+    from lf_orchestrator.config import load_config
+    from lf_orchestrator.families import FAMILY_RECIPES
+
+    cfg = load_config(config)
+    if cfg.model.recipe not in FAMILY_RECIPES:
+        return None
+    from lf_orchestrator.families._plan import trainer_unsupported
+
+    return lambda plan: trainer_unsupported(plan, cfg, graph, tokens)
+
+
 def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt = None, seq: SeqOpt = None,
              frames: FramesOpt = None, height: HeightOpt = None, width: WidthOpt = None,
              global_batch: BatchOpt = None, gpus: GpusOpt = None, gpus_per_node: PerNodeOpt = None,
@@ -123,11 +158,15 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
         cluster = resolve_cluster(gpus, gpus_per_node, gpu, inter_node_gbps)
         batch = global_batch or batch or cluster.gpus
         result = search_plans(graph, cluster, global_batch=batch, seq=tokens, precision=precision, top=top)
+        runnable = _runnable(config, graph, tokens)
     except NoFeasiblePlan as err:
         _fail(f"{graph.name} on {cluster.describe()}, global batch {batch}: {err}")
     except (ConfigError, ClusterError, ValueError) as err:
         _fail(str(err))
     rows = [_cost_row(c) for c in result.ranked]
+    if runnable is not None:  # the reason `lf run` (parallel.plan = "auto") skips a plan
+        for row, cand in zip(rows, result.ranked, strict=True):
+            row["lf_run"] = runnable(cand.plan) or "yes"
     if as_json:
         print(json.dumps({"model": graph.name, "tokens_per_sample": tokens, "global_batch": batch,
                           "cluster": cluster.describe(), "considered": result.considered,
@@ -135,12 +174,13 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
         return
     out = make_console()
     table = Table(title=f"{graph.name}, {tokens:,} tokens/sample, global batch {batch} on {cluster.describe()}")
-    for col in ("#", "plan", "recompute", "step s", "tokens/s/GPU", "MFU", "peak GiB"):
-        table.add_column(col, justify="left" if col in ("plan", "recompute") else "right")
+    cols = ("#", "plan", "recompute", "step s", "tokens/s/GPU", "MFU", "peak GiB") + (("lf run",) if runnable else ())
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("plan", "recompute", "lf run") else "right")
     for i, r in enumerate(rows, 1):
         short = r["plan"].split(" (global batch")[0].replace(f" precision={precision}", "")
         table.add_row(str(i), short, r["recompute"], f"{r['step_s']:.3f}", f"{r['tokens_per_s_per_gpu']:,.0f}",
-                      f"{100 * r['mfu']:.1f}%", f"{r['peak_gib']:.1f}")
+                      f"{100 * r['mfu']:.1f}%", f"{r['peak_gib']:.1f}", *([r["lf_run"]] if runnable else []))
     out.print(table)
     best = rows[0]["breakdown_s"]
     out.print("winner, seconds per step: " + ", ".join(f"{k} {v:.3f}" for k, v in best.items()), highlight=False)

@@ -198,7 +198,8 @@ class Trainer:
         idx = [next(self._indices) for _ in range(self.plan.micro_batch)]
         batch = self.encoder.collate([self.dataset[i] for i in idx])
         batch["sample_seed"] = sample_seeds(self.cfg.run.seed, self.step, idx)
-        return {k: v.to(self.ctx.device, non_blocking=True) for k, v in batch.items()}
+        batch = {k: v.to(self.ctx.device, non_blocking=True) for k, v in batch.items()}
+        return assembly.fit_images(batch, self.model.cfg.image_size)
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step over ``grad_accum`` micro-batches; returns its scalars."""

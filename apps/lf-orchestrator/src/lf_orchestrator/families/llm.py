@@ -66,6 +66,10 @@ class LLMFamily(Family):
             shutil.copyfile(self.folder / "tokenizer.json", self.run_dir / "tokenizer.json")
             (self.run_dir / "corpus.json").write_text((self.folder / "meta.json").read_text())
         self.meta = json.loads((self.folder / "meta.json").read_text())
+        ids, vocab = self.meta.get("tokenizer_vocab", self.recipe_cfg.vocab_size), self.recipe_cfg.vocab_size
+        if ids < vocab:  # the log and plan.json say so (families/_corpus.py: the BPE ran out of merges)
+            self.data_note = (f"corpus BPE has {ids:,} ids of the model's {vocab:,} (the corpus has no more merges); "
+                              f"{self.num_samples} training rows of {self.seq_len} tokens")
 
     @property
     def num_samples(self) -> int:

@@ -44,6 +44,15 @@ def image_patches(image_hw3: torch.Tensor, side: int, cfg) -> tuple[torch.Tensor
     return x.reshape(gh * gh, c * t * p * p).contiguous(), torch.tensor([1, gh, gh])
 
 
+PROMPT_TOKENS = 24
+"""Text tokens of a sample besides the image's (template, prompt, answer), for the plan's sequence length."""
+
+
+def image_tokens(vlm_image_size: int, cfg) -> int:
+    """Language-model tokens of one ``vlm.image_size`` square image: ``(side / patch / merge) ** 2``."""
+    return (vlm_image_size // cfg.patch_size // cfg.spatial_merge_size) ** 2
+
+
 class VLMFamily(Family):
     """qwen2_vl SFT on Meta-World frames (see the module docstring)."""
 
@@ -65,7 +74,7 @@ class VLMFamily(Family):
         if self.im_end >= min(first_special, rc.vocab_size):
             raise ValueError(f"vlm: the word-level tokenizer needs {words + 2} ids but the model's special ids "
                              f"start at {first_special} (vocab_size {rc.vocab_size}); raise model.overrides")
-        self.n_image_tokens = (v.image_size // rc.patch_size // rc.spatial_merge_size) ** 2
+        self.n_image_tokens = image_tokens(v.image_size, rc)
         if self.ctx.is_main:
             self.tok.save(str(self.run_dir / "instruction_tokenizer.json"))
             (self.run_dir / "vlm_template.json").write_text(json.dumps(
@@ -82,7 +91,7 @@ class VLMFamily(Family):
 
     @property
     def seq_len(self) -> int:
-        return self.n_image_tokens + 24
+        return self.n_image_tokens + PROMPT_TOKENS
 
     def _words(self, text: str) -> list[int]:
         return self.tok.encode(text).ids
@@ -146,4 +155,4 @@ def make_family(cfg, run_dir, ctx) -> VLMFamily:
     return VLMFamily(cfg, run_dir, ctx)
 
 
-__all__ = ["CLIP_MEAN", "CLIP_STD", "VLMFamily", "image_patches", "make_family"]
+__all__ = ["CLIP_MEAN", "CLIP_STD", "PROMPT_TOKENS", "VLMFamily", "image_patches", "image_tokens", "make_family"]
