@@ -338,6 +338,9 @@ def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None,
         console.print(f"plan ({info['source']}): {trainer.plan.describe()}{predicted}; "
                       f"{info.get('params', sum(p.numel() for p in trainer.model.parameters())):,} parameters, "
                       f"{info['trainable_params']:,} trainable")
+        for skip in info.get("skipped", ()):  # faster plans of the ranking that this trainer cannot run
+            console.print(f"auto skipped {skip['plan']} (recompute={skip['recompute']}): {skip['why']}",
+                          highlight=False, soft_wrap=True)
         if "recompute_plan" in info:
             console.print(plan_line(info["recompute_plan"]), highlight=False)
         if "data" in info:
@@ -353,8 +356,9 @@ def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None,
         import typer
 
         if ctx.is_main:
-            console.print(f"{summary['signal']}: saved step {summary['steps']} and stopped; continue with "
-                          f"`lf run --resume {run_dir}`", highlight=False)
+            from lf_orchestrator.fit import preempted_phrase
+
+            console.print(preempted_phrase(summary, run_dir, cfg.train.ckpt_every), highlight=False)
         raise typer.Exit(summary["exit_code"])
     if ctx.is_main:
         write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=1, default=str))

@@ -9,8 +9,12 @@ dp / ZeRO) for the llm family (llama3), and context parallel (``cp > 1``, ring o
 ``parallel.cp_kind``, with dp / ZeRO) for the video and llm families
 (:mod:`lf_orchestrator.families._context`). Not wired: pipeline stages that would run encoders
 (vlm / video / vla graphs, until lf-parallel's multimodal first stage exists), cp for the vlm
-family, cp with tp or pp: such manual plans are refused before launch. The search result is the
-fastest plan with ``pp = cp = 1`` (pipeline and context-parallel plans are chosen by hand).
+family, cp with tp or pp: such manual plans are refused before launch.
+
+``auto`` takes the fastest plan of the ranking that ``lf plan`` prints (the same :func:`search_plans` call)
+that this trainer can run (:func:`trainer_unsupported`: the rules above, ``parallel.cp_kind`` when set, and
+the zigzag split of the tokens by ``2 * cp``); the faster plans it skips are logged with the reason and listed
+in ``plan.json`` (``skipped``), and ``lf plan CONFIG`` shows the same reason per plan.
 """
 
 from __future__ import annotations
@@ -54,6 +58,29 @@ def _pipeline_unsupported(plan: Plan, cfg, graph) -> str | None:
     return None
 
 
+_PP_CACHE: dict[tuple, str | None] = {}
+
+
+def trainer_unsupported(plan: Plan, cfg, graph, seq: int) -> str | None:
+    """Why ``lf run`` (the recipe trainer) cannot run ``plan`` for this config, graph and ``seq`` tokens per
+    sample; None when it can. Pipeline plans are checked by building their stages on the meta device (cached
+    per model, LoRA / freezing and ``(pp, virtual stages)``)."""
+    why = _supported(plan, cfg.train.lora_rank > 0, cfg.model.recipe)
+    if why is None and plan.cp > 1:
+        kind = cfg.parallel.cp_kind
+        if kind and plan.cp_kind != kind:
+            why = f"parallel.cp_kind = {kind!r} (this plan uses {plan.cp_kind})"
+        elif seq % (2 * plan.cp):
+            why = f"{seq} tokens per sample do not divide by 2 * cp = {2 * plan.cp} (zigzag split)"
+    if why is None and plan.pp > 1:
+        key = (cfg.model.recipe, cfg.model.size, repr(cfg.model.overrides), cfg.train.lora_rank,
+               bool(cfg.train.freeze), plan.pp, plan.pp_virtual_stages)
+        if key not in _PP_CACHE:
+            _PP_CACHE[key] = _pipeline_unsupported(plan, cfg, graph)
+        why = _PP_CACHE[key]
+    return why
+
+
 def resolve_plan(cfg, graph, *, world_size: int, device_type: str, seq: int, precision: str
                  ) -> tuple[Plan, dict]:
     """(plan, info for plan.json / the log) for this job.
@@ -90,19 +117,27 @@ def _search(cfg, graph, *, world_size: int, device_type: str, seq: int, precisio
     else:
         cluster, nominal = make_cluster(gpus=world_size, gpu="h100"), True
     prec = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}.get(precision, "bf16")
-    try:
-        result = search_plans(graph, cluster, global_batch=t.global_batch, seq=seq, precision=prec, top=200,
-                              max_micro_batch=cfg.parallel.micro_batch)
-    except PlanError:
-        raise
-    ok = [c for c in result.ranked
-          if c.plan.pp == 1 and c.plan.cp == 1 and _supported(c.plan, t.lora_rank > 0, cfg.model.recipe) is None]
-    if not ok:  # the search found only pp / cp plans: fall back to data parallel
+    result = search_plans(graph, cluster, global_batch=t.global_batch, seq=seq, precision=prec, top=1 << 30,
+                          max_micro_batch=cfg.parallel.micro_batch)
+    skipped: list[dict] = []
+    best = None
+    for cand in result.ranked:
+        why = trainer_unsupported(cand.plan, cfg, graph, seq)
+        if why is None:
+            best = cand
+            break
+        if len(skipped) < SKIPPED_LISTED:
+            skipped.append({"plan": cand.plan.describe(), "recompute": cand.recompute,
+                            "predicted_step_s": cand.cost.step_s, "why": why})
+    info = {"cluster": cluster.describe(), "nominal_cluster": nominal, "considered": result.considered,
+            "skipped": skipped}
+    if best is None:  # nothing the search ranked runs here: fall back to data parallel
         plan = choose_plan(world_size=world_size, global_batch=t.global_batch, max_micro_batch=cfg.parallel.micro_batch)
-        return plan, {"source": "auto (fallback: data parallel)", "cluster": cluster.describe(), "nominal": nominal}
-    best = ok[0]
+        return plan, {"source": "auto (fallback: data parallel)", **info}
     plan = msgspec.structs.replace(best.plan, precision="fp32")  # autocast, not FSDP casts, sets compute dtype
     plan = check_plan(plan, world_size=world_size, global_batch=t.global_batch, graph=graph)
-    return plan, {"source": "auto", "cluster": cluster.describe(), "nominal_cluster": nominal,
-                  "predicted_step_s": best.cost.step_s, "recompute": best.recompute,
-                  "considered": result.considered}
+    return plan, {"source": "auto", "predicted_step_s": best.cost.step_s, "recompute": best.recompute, **info}
+
+
+SKIPPED_LISTED = 5
+"""Faster plans the trainer cannot run, listed in ``plan.json`` (the first ones of the ranking)."""
