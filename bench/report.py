@@ -79,6 +79,19 @@ def _fused_ops(d: dict) -> list[str]:
     return lines
 
 
+def _row_bwd_sweep(d: dict) -> list[str]:
+    rows = []
+    for case, r in d["cases"].items():
+        for name, v in r.items():
+            if isinstance(v, dict) and "us" in v:
+                rows.append([case, name, f"{v['us']:.1f}", f"{v['GBps']:.0f}", f"{v['fraction_of_peak']:.2f}",
+                             f"{v['speedup_vs_compile']:.2f}x", v["best_config"]])
+    return ([f"Backward of the reducing row kernels on GPU kernel time, bytes read + written; target 80% of "
+             f"{d['peak_GBps_assumed']:.0f} GB/s. `tuned` is the default (next tiles loaded early, autotuned), "
+             "`plain` the previous loop.", ""]
+            + _table(["case", "variant", "us", "GB/s", "of 4.2 TB/s", "vs torch.compile", "tuned config"], rows))
+
+
 def _vae_encode(d: dict) -> list[str]:
     rows = [[r["dtype"], f"{r['lf']['ms']:.0f}", f"{r['diffusers']['ms']:.0f}",
              f"{r['speedup_lf_over_diffusers']:.2f}x", f"{r['lf']['peak_gib']:.2f} / {r['diffusers']['peak_gib']:.2f}"]
@@ -243,6 +256,7 @@ RENDERERS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "attention": ("Attention dispatcher vs SDPA and FlexAttention", _attention),
     "fused_ops": ("Fused Triton ops", _fused_ops),
     "vae_encode": ("Wan VAE encode vs diffusers", _vae_encode),
+    "row_bwd_sweep": ("Row-kernel backwards: loop variants", _row_bwd_sweep),
     "autotune_check": ("Auto-tuner: predicted vs measured", _autotune),
     "published_check": ("Cost model vs Megatron-Core's published H100 throughput", _published),
     "wan_dit_peer": ("Wan2.1 DiT training step vs diffusers", _wan_dit_peer),

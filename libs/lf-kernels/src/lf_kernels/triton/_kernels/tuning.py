@@ -46,14 +46,16 @@ def row_configs(block_d: int, *, rows=(1, 2, 4, 8, 16), warps=_WARPS, min_elems:
     return out or [triton.Config({name: rows[0]}, num_warps=warps[-1])]
 
 
-BWD_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+BWD_STAGES: tuple[int, ...] = (3, 1)
 """Loop pipelining the persistent backward kernels are tuned over (meta-parameter ``STAGES``): ``0`` loads the
 next tile into registers before computing the current one; ``1`` no pipelining (each tile's loads wait out a
 full memory latency: the kernels before issue 7's rewrite, kept as a candidate so tuning never loses to them);
 ``k >= 2`` Triton's loop pipeliner (``tl.range(num_stages=k)``: ``cp.async`` copies ``k - 1`` tiles ahead into
 shared memory; checked with sm_90 builds that the tile loads become ``cp.async`` of 16 bytes). Under the
-interpreter only the first entry runs. A module setting so that benchmarks and tests can pin one mode
-(rebuild the kernels' ``functools.cache`` after changing it)."""
+interpreter only the first entry runs. The default keeps ``3`` and ``1``: with all four modes as candidates the
+tuner picked ``3`` at all six shapes measured on the H200 (``bench/results/row_bwd_sweep_h200.json``: 0.87-0.95
+of 4.2 TB/s against 0.68-0.82 for ``1``), and two modes halve the first call's compile time. A module setting so
+that benchmarks and tests can pin one mode (rebuild the kernels' ``functools.cache`` after changing it)."""
 
 BWD_PROGRAMS_PER_SM: int | None = None
 """If set, overrides :func:`programs_per_sm` (benchmark sweeps); ``None`` keeps the measured rule."""
