@@ -49,6 +49,18 @@ max_steps = 20
 """
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models run fastest on one thread (and share the machine better); the count is restored afterwards.
+    Modules that want it set ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def dataset_dir(tmp_path_factory) -> Path:
     from lf_data import generate_metaworld

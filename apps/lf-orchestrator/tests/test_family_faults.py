@@ -34,13 +34,7 @@ CORPUS = ["corpus.max_chars=60000", "corpus.seq_len=64", "corpus.eval_fraction=0
           "parallel.micro_batch=4", "train.warmup_steps=1", "train.log_every=1", "run.threads=1"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run fastest on one thread
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from lf_memory import estimate_memory, plan_recompute
@@ -32,13 +31,7 @@ PLAN = ["parallel.plan='manual'", "parallel.dp=1", "parallel.grad_accum=2", "run
         "train.ckpt_every=100", "eval.at_end=false"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run fastest on one thread
 
 
 def _llm(tmp_path: Path) -> tuple[Path, list[str]]:

@@ -27,13 +27,7 @@ DATA = ["data.source='lerobot'", "data.tasks=['reach-v3']", "data.image_size=32"
         "run.threads=1", "video.frames=5", "video.clip_stride=4"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run fastest on one thread
 
 
 @pytest.fixture(scope="module")

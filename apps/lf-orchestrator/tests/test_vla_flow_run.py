@@ -22,15 +22,7 @@ from lf_orchestrator.config import ConfigError, load_config
 FLOW = ["model.recipe='vla_flow'"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and share the machine better); restored afterwards."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run fastest on one thread
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
