@@ -208,8 +208,10 @@ class RecipeTrainer:
             return opt
         from lf_parallel import tensor_kind_groups
 
-        # AdamW's foreach / fused kernels (the GPU default) cannot mix plain tensors and DTensors in one group.
-        return torch.optim.AdamW(tensor_kind_groups(groups), lr=t.lr, betas=(0.9, 0.95))
+        # AdamW's foreach / fused kernels cannot mix plain tensors and DTensors in one group. On CUDA the fused
+        # kernel (one launch per group, as bench/llama3_parallel.py measures); elsewhere PyTorch's default.
+        fused = True if self.ctx.device.type == "cuda" else None
+        return torch.optim.AdamW(tensor_kind_groups(groups), lr=t.lr, betas=(0.9, 0.95), fused=fused)
 
     def _restore(self, path: Path) -> None:
         """Load checkpoint ``path`` (written under any plan) into this run's sharded model and optimizer,
