@@ -175,3 +175,19 @@ def test_corpus_records_the_tokenizer_size(tmp_path):
     size = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab_size()
     assert meta["tokenizer_vocab"] == size < 50_000 and meta["vocab_size"] == 50_000
     assert int(load_rows(folder, "train")["input_ids"].max()) < size
+
+
+def test_recipe_runs_store_absolute_paths(tmp_path, monkeypatch):
+    """Oracle: ``Path.resolve`` against the working folder. A recipe run's config.toml must name its dataset,
+    corpus cache and VAE run absolutely, so ``--resume`` and ``lf sample`` work from another folder; an empty
+    ``video.vae_weights`` (the deterministic init) stays empty."""
+    from lf_orchestrator.recipe_trainer import absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(ROOT / "examples" / "wan_t2v.toml", ["data.path='data/mw'", "video.vae_weights='runs/vae'",
+                                                             "corpus.cache_dir='.cache/corpus'"])
+    out = absolute_paths(cfg)
+    assert out.data.path == str(tmp_path / "data" / "mw")
+    assert out.video.vae_weights == str(tmp_path / "runs" / "vae")
+    assert out.corpus.cache_dir == str(tmp_path / ".cache" / "corpus")
+    assert absolute_paths(load_config(ROOT / "examples" / "wan_t2v.toml")).video.vae_weights == ""

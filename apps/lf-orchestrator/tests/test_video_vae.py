@@ -140,3 +140,15 @@ def test_dit_config_refuses_a_vae_run_of_another_size(vae, dataset_dir, tmp_path
     (other / "config.toml").write_text(to_toml(load_config(EXAMPLES / "wan_t2v.toml")))
     with pytest.raises(ConfigError, match="is a model.recipe = 'wan_dit' run, expected a 'wan_vae' run"):
         _dit(dataset_dir, tmp_path, f"video.vae_weights='{other}'")
+
+
+def test_vae_refuses_frames_of_another_size(dataset_dir, tmp_path):
+    """The VAE (and its latent noise) is sized by ``data.image_size``: a dataset of 32-pixel frames under a
+    16-pixel config is refused naming the field and the dataset's size, before any training."""
+    from lf_orchestrator.families.video_vae import VideoVAEFamily
+
+    cfg = load_config(EXAMPLES / "wan_vae.toml", [*DATA, f"data.path='{dataset_dir}'", "data.image_size=16",
+                                                  "model.size='tiny'", "model.overrides={}"])
+    family = VideoVAEFamily(cfg, tmp_path, init_distributed("cpu"))
+    with pytest.raises(ValueError, match=r"data.image_size.*32 x 32"):
+        family.prepare()

@@ -308,10 +308,26 @@ def write_plan(trainer: RecipeTrainer) -> None:
              "precision": str(trainer.precision.compute_dtype), **trainer.plan_info}, indent=1, default=str))
 
 
+def absolute_paths(cfg):
+    """``cfg`` with its relative file paths made absolute against the working folder (``data.path``,
+    ``corpus.cache_dir``, ``video.vae_weights``), so the run folder's ``config.toml`` serves ``--resume`` and
+    ``lf sample`` from any folder."""
+    import msgspec
+
+    def absolute(path: str) -> str:
+        return str(Path(path).resolve()) if path else path
+
+    rep = msgspec.structs.replace
+    return rep(cfg, data=rep(cfg.data, path=absolute(cfg.data.path)),
+               corpus=rep(cfg.corpus, cache_dir=absolute(cfg.corpus.cache_dir)),
+               video=rep(cfg.video, vae_weights=absolute(cfg.video.vae_weights)))
+
+
 def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None, console, new_run_dir) -> None:
     """`lf run` for the llm / vlm / video families: run folder, training, evaluation, summary."""
     from lf_orchestrator.config import to_toml
 
+    cfg = absolute_paths(cfg)
     if run_dir is None:
         run_dir = resume if resume is not None else new_run_dir(cfg, ctx)
     elif ctx.is_main:

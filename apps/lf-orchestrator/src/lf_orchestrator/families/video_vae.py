@@ -79,6 +79,11 @@ class VideoVAEFamily(Family):
         v = self.cfg.video
         dataset = open_dataset(self.cfg, generate=self.ctx.is_main)
         self.frames_nhwc = torch.from_numpy(np.stack([np.asarray(dataset.image(i)) for i in range(len(dataset))]))
+        side = self.cfg.data.image_size
+        if tuple(self.frames_nhwc.shape[1:3]) != (side, side):
+            raise ValueError(f"data.image_size: the dataset {dataset.root} has {self.frames_nhwc.shape[1]} x "
+                             f"{self.frames_nhwc.shape[2]} frames, the config says {side} x {side} (the VAE is "
+                             f"sized for it); set data.image_size = {self.frames_nhwc.shape[1]}")
         train, held = split_episodes(len(dataset.episode_ranges), self.cfg.vae.eval_fraction)
 
         def starts(episodes: list[int]) -> list[int]:
