@@ -109,6 +109,9 @@ def test_bc_budget_arguments(trained_runs, tmp_path):
         train_bc_mlp(run_dir, budget="flops")
     result = CliRunner().invoke(app, ["eval", str(run_dir), "--baseline", "bc-mlp", "--bc-budget", "epochs"])
     assert result.exit_code == 2 and "--bc-budget must be steps or time, got 'epochs'" in result.output
+    result = CliRunner().invoke(app, ["eval", str(run_dir), "--baseline", "bc-mlp", "--bc-budget", "steps",
+                                      "--bc-seconds", "2"])
+    assert result.exit_code == 2 and "cannot go with --bc-budget steps" in result.output
 
 
 @pytest.mark.parametrize("recipe", ["vla", "vla_flow"])

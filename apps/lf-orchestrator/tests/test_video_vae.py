@@ -119,6 +119,10 @@ def test_dit_run_encodes_with_the_trained_vae_and_lf_sample_uses_it(vae, dataset
         with av.open(str(out)) as c:
             decoded = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
         assert len(decoded) == 5 and decoded[0].shape == (32, 32, 3)
+        for flag, message in (("--steps", "--steps must be >= 1, got 0"), ("--frames", "--frames must be >= 1")):
+            result = CliRunner().invoke(app, ["sample", str(copy), "--prompt", "reach", flag, "0",
+                                              "--out", str(tmp_path / "zero.mp4")])
+            assert result.exit_code != 0 and message in result.output, result.output
         sampled = build_vae(load_config(copy / "config.toml").video, run_dir=copy)
         trained = build_vae(trained_cfg.video, run_dir=run_dir)
         assert sampled.cfg == trained.cfg
@@ -152,3 +156,16 @@ def test_vae_refuses_frames_of_another_size(dataset_dir, tmp_path):
     family = VideoVAEFamily(cfg, tmp_path, init_distributed("cpu"))
     with pytest.raises(ValueError, match=r"data.image_size.*32 x 32"):
         family.prepare()
+
+
+def test_vae_weights_that_are_no_vae_are_refused_by_name(tmp_path):
+    """``video.vae_weights`` naming a missing path or a file that is not safetensors fails naming the key (a
+    FileNotFoundError / ValueError that `lf run` prints), not with a raw OS or safetensors error."""
+    from lf_orchestrator.families._video_data import build_vae
+
+    garbage = tmp_path / "vae.safetensors"
+    garbage.write_bytes(b"not a safetensors file" * 8)
+    with pytest.raises(ValueError, match="video.vae_weights: .* is not a safetensors file"):
+        build_vae(SimpleNamespace(vae_weights=str(garbage), vae_size="tiny", vae_seed=0))
+    with pytest.raises(FileNotFoundError, match="video.vae_weights"):
+        build_vae(SimpleNamespace(vae_weights=str(tmp_path / "missing"), vae_size="tiny", vae_seed=0))

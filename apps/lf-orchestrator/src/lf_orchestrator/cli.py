@@ -257,10 +257,11 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
                  help="Also measure this baseline (repeatable): bc-mlp, a behaviour-cloning MLP on state + task "
                       "one-hot, trained on the run's data for the VLA's budget (--bc-budget; kept in RUN/bc_mlp/).")
              ] = None,
-             bc_budget: Annotated[str, typer.Option(
+             bc_budget: Annotated[Optional[str], typer.Option(
                  help="The BC MLP's training budget: steps (the VLA's optimizer steps at its batch size, whatever "
-                      "hardware trained it) or time (the VLA's training wall-clock time, on this machine).")
-             ] = "steps",
+                      "hardware trained it; the default) or time (the VLA's training wall-clock time, on this "
+                      "machine; the default with --bc-seconds).")
+             ] = None,
              bc_seconds: Annotated[Optional[float], typer.Option(
                  help="Train the BC MLP this many seconds instead of summary.json's VLA training time (a run "
                       "trained over several sessions: the summary times only the last); implies --bc-budget time."
@@ -274,8 +275,11 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
         _fail(f"--episodes must be >= 1, got {episodes}")
     if bc_seconds is not None and not bc_seconds > 0:
         _fail(f"--bc-seconds must be > 0, got {bc_seconds}")
-    if bc_budget not in ("steps", "time"):
+    if bc_budget not in (None, "steps", "time"):
         _fail(f"--bc-budget must be steps or time, got {bc_budget!r}")
+    if bc_budget == "steps" and bc_seconds is not None:
+        _fail("--bc-seconds sets a time budget; it cannot go with --bc-budget steps")
+    bc_budget = bc_budget or ("time" if bc_seconds is not None else "steps")
     try:
         recipe = load_config(run_dir / "config.toml").model.recipe
     except ConfigError as err:
@@ -297,7 +301,7 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
         report = evaluate_run(run_dir, device=dev, episodes=episodes,
                               tasks=tasks.split(",") if tasks else None, random_baseline=random,
                               out_name=out_name, baselines=baseline or (), bc_seconds=bc_seconds,
-                              bc_budget="time" if bc_seconds is not None else bc_budget)
+                              bc_budget=bc_budget)
     except (FileNotFoundError, ConfigError, ValueError) as err:
         _fail(str(err))
     print_eval(report)

@@ -28,6 +28,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 FORMAT = 2
@@ -40,6 +41,7 @@ def build_vae(v, device: torch.device | str = "cpu", run_dir: Path | None = None
 
     Raises:
         FileNotFoundError: ``video.vae_weights`` names a missing file, or a run folder without a checkpoint.
+        ValueError: ``video.vae_weights`` is not a safetensors file.
     """
     from lf_ir import materialize
     from lf_ir.recipes.wan_vae import WanVAE, wan_vae_config
@@ -56,7 +58,11 @@ def build_vae(v, device: torch.device | str = "cpu", run_dir: Path | None = None
     if v.vae_weights:
         if not Path(v.vae_weights).is_file():
             raise FileNotFoundError(f"video.vae_weights: no file {v.vae_weights}")
-        vae.load_state_dict(load_file(v.vae_weights, device=str(device)))
+        try:
+            state = load_file(v.vae_weights, device=str(device))
+        except SafetensorError as err:
+            raise ValueError(f"video.vae_weights: {v.vae_weights} is not a safetensors file ({err})") from None
+        vae.load_state_dict(state)
     return vae.eval().requires_grad_(False)
 
 
@@ -68,6 +74,9 @@ def _key(cfg, dataset_root: Path) -> str:
     if is_vae_run(v.vae_weights):
         weights = run_vae_id(v.vae_weights)
     elif v.vae_weights:
+        if not Path(v.vae_weights).is_file():
+            raise FileNotFoundError(f"video.vae_weights: {v.vae_weights} is neither a wan_vae run folder nor a "
+                                    "VAE weights file")
         st = Path(v.vae_weights).stat()
         weights = f"{Path(v.vae_weights).resolve()}:{st.st_size}:{st.st_mtime_ns}"
     info = (dataset_root / "meta" / "info.json").read_text()

@@ -65,7 +65,10 @@ def sample_clip(cfg, run_dir: Path, prompt: str, *, frames: int | None = None, s
     from lf_ir.recipes.wan_vae import latent_shape
 
     v = cfg.video
-    frames, steps = frames or v.frames, steps or v.sample_steps
+    frames = v.frames if frames is None else frames
+    steps = v.sample_steps if steps is None else steps
+    if frames < 1:
+        raise ValueError(f"--frames must be >= 1 (4k + 1), got {frames}")
     guidance = v.guidance if guidance is None else guidance
     vae = build_vae(v, run_dir=run_dir)  # a trained VAE's file in the run folder first
     lf, lh, lw = latent_shape(vae.cfg, frames, cfg.data.image_size, cfg.data.image_size)
