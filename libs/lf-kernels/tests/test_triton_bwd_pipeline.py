@@ -21,13 +21,13 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
+from _fused_check import DEVICE, check, leaves  # noqa: E402
+
 from lf_kernels._fused_reference import modulate_reference, rms_norm_reference  # noqa: E402
 from lf_kernels.triton._dispatch import kernel_backend, kernels  # noqa: E402
 from lf_kernels.triton._modulate import modulate  # noqa: E402
 from lf_kernels.triton._partials import sum_partials  # noqa: E402
 from lf_kernels.triton._rmsnorm import rms_norm  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(params=[0, 1, 2, 3])
@@ -45,24 +45,6 @@ def stages(request, monkeypatch):
     monkeypatch.undo()
     for c in clear:
         c()
-
-
-def leaves(gen, *shapes):
-    """Float64 leaves exactly representable in float32."""
-    return [torch.randn(*s, generator=gen, dtype=torch.float64).float().double().requires_grad_() for s in shapes]
-
-
-def check(fused, reference, inputs64, seed):
-    """Outputs and input grads of ``fused`` on float32 copies vs ``reference`` on the float64 leaves."""
-    inputs = [t.detach().to(DEVICE, torch.float32).requires_grad_() for t in inputs64]
-    outs, refs = fused(*inputs), reference(*inputs64)
-    outs, refs = (outs, refs) if isinstance(outs, tuple) else ((outs,), (refs,))
-    gen = torch.Generator().manual_seed(seed)
-    grads_out = [torch.randn(r.shape, generator=gen, dtype=torch.float64) for r in refs]
-    got = torch.autograd.grad(outs, inputs, [g.to(DEVICE, torch.float32) for g in grads_out])
-    expected = torch.autograd.grad(refs, inputs64, grads_out)
-    for i, (a, e) in enumerate(zip((*outs, *got), (*refs, *expected), strict=True)):
-        torch.testing.assert_close(a.detach().double().cpu(), e.detach(), rtol=2e-5, atol=2e-5, msg=f"output {i}")
 
 
 GPU_ONLY = DEVICE == "cuda"  # sizes whose programs walk several tiles on 132 SMs; too slow for the interpreter

@@ -20,6 +20,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
+from _fused_check import DEVICE, check, leaves  # noqa: E402
+
 from lf_kernels._fused_reference import (  # noqa: E402
     modulate_reference,
     rms_norm_reference,
@@ -35,7 +37,6 @@ from lf_kernels.triton._rope import apply_rotary  # noqa: E402
 from lf_kernels.triton._rope_tables import rope_inv_freq, rope_tables  # noqa: E402
 from lf_kernels.triton._swiglu import swiglu  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TUNED = [("rmsnorm", "rms_norm_fwd"), ("rmsnorm", "rms_norm_bwd"), ("swiglu", "swiglu_fwd"), ("swiglu", "swiglu_bwd"),
          ("modulate", "modulate_fwd"), ("modulate", "modulate_bwd"), ("rope", "rotary")]
 
@@ -59,26 +60,6 @@ def tiles(monkeypatch):
     yield set_tiles
     monkeypatch.undo()
     clear()
-
-
-def leaves(gen, *shapes, scale=1.0):
-    """Float64 leaves exactly representable in float32."""
-    return [(torch.randn(*s, generator=gen, dtype=torch.float64) * scale).float().double().requires_grad_()
-            for s in shapes]
-
-
-def check(fused, reference, inputs64, seed):
-    """Outputs and input grads of ``fused`` on float32 copies vs ``reference`` on the float64 leaves."""
-    inputs = [t.detach().to(DEVICE, torch.float32).requires_grad_() for t in inputs64]
-    outs, refs = fused(*inputs), reference(*inputs64)
-    outs, refs = (outs, refs) if isinstance(outs, tuple) else ((outs,), (refs,))
-    gen = torch.Generator().manual_seed(seed)
-    grads_out = [torch.randn(r.shape, generator=gen, dtype=torch.float64) for r in refs]
-    got = torch.autograd.grad(outs, inputs, [g.to(DEVICE, torch.float32) for g in grads_out])
-    expected = torch.autograd.grad(refs, inputs64, grads_out)
-    for name, a, e in zip(["out"] * len(outs) + ["grad"] * len(got), (*outs, *got), (*refs, *expected), strict=True):
-        assert a.shape == e.shape, name
-        torch.testing.assert_close(a.detach().double().cpu(), e.detach(), rtol=2e-5, atol=2e-5, msg=name)
 
 
 def test_persistent_split_covers_every_row_once():
