@@ -57,6 +57,24 @@ def _attention(d: dict) -> list[str]:
             + _table(["case", "seq", "heads", "kept", "backend", "ms", "TFLOP/s", "ratio"], rows))
 
 
+def _varlen_docs(d: dict) -> list[str]:
+    rows = []
+    for case in d["cases"]:
+        for name, r in case["results"].items():
+            if "ms" not in r:
+                rows.append([case["case"], case["documents"], "", "", name, r.get("error", ""), "", ""])
+                continue
+            rows.append([case["case"], case["documents"], f"{case['mean_doc_len']:.0f}",
+                         f"{case['heads_q']}/{case['heads_kv']}x{case['head_dim']}",
+                         f"dispatcher ({case['dispatcher_backend']})" if name == "dispatcher" else name,
+                         f"{r['ms']:.2f}",
+                         f"{r['tflops_kept']:.0f}", r.get("speedup_vs_flex_per_call", "")])
+    return (["Packed documents, bf16, forward + backward, one row of 8,192 tokens; TFLOP/s on the kept entries; "
+             "ratio against FlexAttention with the block mask built on every call. `sdpa_row` ignores the "
+             "documents (one cuDNN call over the row): the cost of unpacked rows, not the same result.", ""]
+            + _table(["case", "documents", "mean length", "heads", "backend", "ms", "TFLOP/s", "ratio"], rows))
+
+
 def _fused_ops(d: dict) -> list[str]:
     rows = []
     for name, r in d["elementwise"].items():
@@ -255,6 +273,7 @@ RENDERERS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "llama3_parallel": ("Llama-3-8B under lf-parallel plans vs a plain FSDP2 peer", _llama3_parallel),
     "attention": ("Attention dispatcher vs SDPA and FlexAttention", _attention),
     "fused_ops": ("Fused Triton ops", _fused_ops),
+    "varlen_docs": ("Packed-document attention: varlen kernel vs FlexAttention", _varlen_docs),
     "vae_encode": ("Wan VAE encode vs diffusers", _vae_encode),
     "row_bwd_sweep": ("Row-kernel backwards: loop variants", _row_bwd_sweep),
     "autotune_check": ("Auto-tuner: predicted vs measured", _autotune),

@@ -135,12 +135,12 @@ def _halo_work(mask: MaskSpec, seq: int, heads: int, head_dim: int, device: str)
     }
 
 
-def _sdpa_with(backend_name: str):
+def _sdpa_with(backend_name: str, *, causal: bool = True):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     def run(q, k, v):
         with sdpa_kernel([getattr(SDPBackend, backend_name)]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
 
     return run
 

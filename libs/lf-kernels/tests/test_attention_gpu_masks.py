@@ -130,10 +130,27 @@ def test_each_cuda_backend(kind, extra, backend):
     _run_and_compare(MASKS[kind], ("backend", kind, backend), expect_backend=backend, **extra)
 
 
-def test_flash_varlen_backend():
-    """Oracle: float64 CPU reference; packed causal documents through flash_attn (skipped if not installed)."""
-    pytest.importorskip("flash_attn")
-    _run_and_compare(MASKS["causal"], ("varlen",), documents=True, expect_backend="flash_varlen")
+@pytest.mark.parametrize(("kind", "heads", "head_dim"), [("causal", (8, 2), 64), ("causal", (8, 1), 128),
+                                                       ("full", (8, 8), 80), ("causal", (4, 4), 128)])
+def test_flash_varlen_backend(monkeypatch, kind, heads, head_dim):
+    """Oracle: float64 CPU reference; packed documents through a varlen kernel (flash_attn, else torch's
+    varlen_attn; skipped where neither exists; FlexAttention, which the dispatcher prefers, is hidden from it
+    here), GQA 1 / 4 / 8, head dims 64 / 80 / 128."""
+    import lf_kernels._attention as attention_module
+    from lf_kernels._varlen import varlen_available
+
+    if not varlen_available():
+        pytest.skip("no varlen kernel: neither flash_attn nor torch.nn.attention.varlen")
+    backends = []
+
+    def without_flex(*args, **kwargs):
+        backends.append(choose_backend(*args, **{**kwargs, "flex": False}))
+        return backends[-1]
+
+    monkeypatch.setattr(attention_module, "choose_backend", without_flex)
+    _run_and_compare(MASKS[kind], ("varlen", kind, heads, head_dim), heads=heads, head_dim=head_dim,
+                     documents=True)
+    assert backends[0] == "flash_varlen"
 
 
 @pytest.mark.parametrize("heads", [(8, 8), (8, 2)])

@@ -12,9 +12,9 @@ static facts (its module docstring holds the order); this module runs it:
 - ``"sdpa_frames"`` (CUDA without FlexAttention, ``block_causal``): frame ``f``'s queries attend to
   keys ``[0, end of frame f)`` with no mask, so one mask-free SDPA call per frame
   computes the block-causal result exactly and spends no FLOPs on masked tiles.
-- ``"flash_varlen"`` (CUDA, packed documents, ``flash_attn`` installed): see
+- ``"flash_varlen"`` (CUDA, packed documents, ``flash_attn`` installed or torch's ``varlen_attn``): see
   :mod:`lf_kernels._varlen`; falls back to the next backend when document ids
-  are not contiguous runs.
+  are not contiguous runs or the head dim is not a multiple of 8 up to 256 (FlashAttention-2's limits).
 - ``"flex"`` (CUDA): compiled FlexAttention on a block mask, see
   :mod:`lf_kernels._flex`; also gives the log-sum-exp.
 - ``"sdpa_mask"``: SDPA with the dense bool mask (fused CPU kernel; CUDA's
@@ -165,9 +165,10 @@ def attention(
     backend: Backend = choose_backend(mask, seq_q, seq_kv, **facts)
     spec = canonical_mask(mask, seq_q, seq_kv)
     if backend == "flash_varlen":
-        from ._varlen import attention_flash_varlen, document_segments
+        from ._varlen import attention_flash_varlen, document_segments_cached
 
-        segments = document_segments(document_ids)
+        head_dims_ok = all(d % 8 == 0 and d <= 256 for d in (q.shape[-1], v.shape[-1]))
+        segments = document_segments_cached(document_ids) if head_dims_ok else None
         if segments is not None:
             return attention_flash_varlen(q, k, v, segments, causal=spec.kind == "causal", scale=scale)
         backend = choose_backend(mask, seq_q, seq_kv, flash_attn=False, **facts)

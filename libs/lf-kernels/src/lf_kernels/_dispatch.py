@@ -14,11 +14,17 @@ can ask on a CPU what a CUDA call would take. Order of preference on CUDA:
    plus one batched causal call on the frame-reversed strict upper triangles, merged
    by log-sum-exp (:mod:`lf_kernels._split_attention`); no masked FLOPs, big calls.
    Target on an H200: >= 1.2x compiled FlexAttention (see ``bench/kernels/attention.py``).
-3. ``"flash_varlen"``: packed documents with ``full`` / ``causal``, ``q_len ==
-   kv_len``, no padding, no log-sum-exp, fp16 / bf16, when ``flash_attn`` imports:
-   FlashAttention-2's varlen kernels skip the cross-document tiles entirely.
-4. ``"flex"``: every other case with ``q_len >= FLEX_MIN_Q`` (FlexAttention,
-   compiled, block-sparse; also returns the log-sum-exp).
+3. ``"flex"``: every other case with ``q_len >= FLEX_MIN_Q`` (FlexAttention,
+   compiled, block-sparse; also returns the log-sum-exp). Packed documents go here too: with the block
+   mask built once per ``document_ids`` tensor (:mod:`lf_kernels._flex`), Flex beat the FlashAttention-2
+   varlen kernel on an H200 (torch 2.11, bf16 fwd+bwd, ``bench/results/varlen_docs_h200.json``): Llama-3
+   rows of 8,192 tokens in documents of ~85 tokens 0.95 vs 1.71 ms, of ~1,365 tokens 2.14 vs 3.08 ms,
+   8 images x 1,024 patches (16 x 80 heads) 1.06 vs 1.60 ms; building the mask costs ~3.4 ms once per pass.
+   Flex compiles once per shape; a run whose lengths change every batch may prefer varlen (below).
+4. ``"flash_varlen"`` (where FlexAttention is missing): packed documents with ``full`` / ``causal``,
+   ``q_len == kv_len``, no padding, no log-sum-exp, fp16 / bf16, when a varlen kernel exists (the
+   ``flash_attn`` package, else torch's ``varlen_attn``, :mod:`lf_kernels._varlen`): the cross-document
+   tiles are skipped, no mask is built, nothing is compiled.
 5. ``"sdpa_frames"`` (only where FlexAttention and the split ops are missing): ``block_causal`` alone
    (no padding, documents or lse), ``q_len == kv_len``, at most :data:`MAX_FRAMES`
    frames: frame ``f``'s queries attend, unmasked, to the key prefix ending with
@@ -54,8 +60,11 @@ _HALF = (torch.float16, torch.bfloat16)
 
 
 def flash_attn_available() -> bool:
-    """Whether the optional ``flash_attn`` package can be imported."""
-    return importlib.util.find_spec("flash_attn") is not None
+    """Whether a FlashAttention varlen kernel can serve packed documents: the optional ``flash_attn``
+    package, or torch's ``torch.nn.attention.varlen.varlen_attn``."""
+    from ._varlen import varlen_available
+
+    return varlen_available()
 
 
 def flex_available() -> bool:
@@ -109,7 +118,7 @@ def choose_backend(
         dtype: the q/k/v dtype.
         has_key_padding, has_documents: whether ``key_padding`` / ``document_ids`` are given.
         return_lse: whether the log-sum-exp is wanted.
-        flash_attn, flex, split: override the detection of ``flash_attn`` / FlexAttention / the
+        flash_attn, flex, split: override the detection of a varlen kernel / FlexAttention / the
             private cuDNN-or-flash SDPA ops ``sdpa_split`` calls (``None``: detect), so tests can
             ask about machines unlike this one.
 
@@ -145,13 +154,13 @@ def choose_backend(
             and q_len == kv_len and dtype in _HALF
         ):
             return "sdpa_split"
+        if flex and q_len >= FLEX_MIN_Q and dtype in (*_HALF, torch.float32):
+            return "flex"
         if (
             flash_attn and has_documents and not has_key_padding and not return_lse and q_len == kv_len
             and mask.kind in ("full", "causal") and dtype in _HALF
         ):
             return "flash_varlen"
-        if flex and q_len >= FLEX_MIN_Q and dtype in (*_HALF, torch.float32):
-            return "flex"
         if (
             plain and mask.kind == "block_causal" and q_len == kv_len
             and -(-kv_len // mask.frame_tokens) <= MAX_FRAMES

@@ -9,9 +9,10 @@ and document ids, so the dense and block-sparse forms cannot disagree.
 Caching: the compiled ``flex_attention`` is built once per process; block masks
 that depend only on the ``MaskSpec`` and the lengths are cached per
 ``(spec, q_len, kv_len, device)`` (a ``MaskSpec`` is hashable for this reason).
-Masks with ``key_padding`` / ``document_ids`` depend on tensor data and are
-built on every call (``create_block_mask(_compile=True)`` on CUDA: one fused pass over
-the tile grid, small next to the attention itself).
+Masks with ``key_padding`` / ``document_ids`` depend on tensor data; they are built
+(``create_block_mask(_compile=True)`` on CUDA: one fused pass over the tile grid) once per
+those tensors (object and in-place version, :mod:`lf_kernels._tensor_cache`), so the layers of one
+forward pass share one block mask.
 
 CPU: FlexAttention has no CPU backward in torch 2.11-2.13, so the dispatcher
 never sends CPU tensors here.
@@ -26,10 +27,12 @@ import functools
 import torch
 
 from ._mask import MaskSpec, mask_predicate
+from ._tensor_cache import TensorKeyedCache
 
 __all__ = ["attention_flex", "block_mask_for"]
 
 _STATIC_CACHE_SIZE = 64
+_DATA_MASKS = TensorKeyedCache(size=8)
 
 
 @functools.cache
@@ -77,12 +80,14 @@ def block_mask_for(
     if key_padding is None and document_ids is None:
         return _static_block_mask(spec, q_len, kv_len, str(device))
     batch = (key_padding if key_padding is not None else document_ids).shape[0]
-    if key_padding is not None:
-        key_padding = key_padding.to(device)
-    if document_ids is not None:
-        document_ids = document_ids.to(device)
-    mask_mod = _mask_mod(spec, kv_len - q_len, key_padding, document_ids)
-    return create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device, _compile=device.type == "cuda")
+
+    def build():
+        padding = key_padding.to(device) if key_padding is not None else None
+        ids = document_ids.to(device) if document_ids is not None else None
+        mask_mod = _mask_mod(spec, kv_len - q_len, padding, ids)
+        return create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device, _compile=device.type == "cuda")
+
+    return _DATA_MASKS.get((key_padding, document_ids), (spec, q_len, kv_len, str(device)), build)
 
 
 def attention_flex(
