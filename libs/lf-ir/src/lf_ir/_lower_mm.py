@@ -9,6 +9,8 @@ Legend: ``x_bsd`` (batch, seq, dim); ``q_bhsd`` (batch, heads, seq, head_dim);
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -18,7 +20,7 @@ from lf_ir._mrope_torch import apply_rope_fp32, mrope_cos_sin
 from lf_ir._nodes_mm import MMAttention, MMBlock
 from lf_ir._nodes_vision import FeedForward, PatchEmbed3D, PatchMerger
 from lf_ir._rope_torch import apply_rope
-from lf_kernels import MaskSpec, attention
+from lf_kernels import MaskSpec, attention, choose_backend
 
 _ACTIVATIONS = {
     "gelu": nn.functional.gelu,
@@ -88,7 +90,10 @@ class MMAttentionModule(nn.Module):
     model call; for M-RoPE they may instead be computed here from ``positions``
     (3, batch, seq) (default ``0..seq-1`` on all axes). Vision tables are float32 and
     the vision rotation runs in float32, as in HF. ``segments``: token counts along
-    ``seq`` (summing to it); attention then stays inside each segment.
+    ``seq`` (summing to it); attention then stays inside each segment: one call with the segments as packed
+    documents where lf-kernels serves them block-sparse (CUDA: FlexAttention, whose block mask is then built
+    once per segment list, or a varlen kernel; one kernel for all images instead of one per image), else one
+    call per segment (CPU: a dense mask over all images would cost more than the per-image calls).
     """
 
     def __init__(self, node: MMAttention):
@@ -124,11 +129,25 @@ class MMAttentionModule(nn.Module):
         else:
             if sum(segments) != s:
                 raise ValueError(f"attention segments sum to {sum(segments)} tokens but the sequence has {s}")
+            if key_padding is None and choose_backend(mask, s, s, device=x_bsd.device, dtype=q_bhsd.dtype,
+                                                      has_documents=True) in ("flex", "flash_varlen"):
+                ids_bs = segment_ids(tuple(segments), b, str(x_bsd.device))
+                return self.o(attention(q_bhsd, k_bhsd, v_bhsd, mask, document_ids=ids_bs).transpose(1, 2)
+                              .reshape(b, s, -1))
             pads = key_padding.split(segments, dim=1) if key_padding is not None else [None] * len(segments)
             out_bhsd = torch.cat([attention(q, k, v, mask, key_padding=p) for q, k, v, p in zip(
                 q_bhsd.split(segments, dim=2), k_bhsd.split(segments, dim=2), v_bhsd.split(segments, dim=2), pads,
                 strict=True)], dim=2)
         return self.o(out_bhsd.transpose(1, 2).reshape(b, s, -1))
+
+
+@functools.lru_cache(maxsize=16)
+def segment_ids(segments: tuple[int, ...], batch: int, device: str) -> torch.Tensor:
+    """``(batch, sum(segments))`` int64 ids, ``i`` over the ``i``-th segment; cached, so every layer of one
+    forward pass hands lf-kernels the same tensor object (its varlen boundaries, a host sync, are then computed
+    once per pass, not once per layer)."""
+    counts = torch.tensor(segments, dtype=torch.long)
+    return torch.repeat_interleave(torch.arange(len(segments)), counts)[None].expand(batch, -1).to(device)
 
 
 @register_lowering(MMBlock)
