@@ -37,7 +37,10 @@ def check_plan(plan: Plan, *, world_size: int, global_batch: int, graph=None) ->
     """
     problem = _problem(plan, world_size, global_batch, graph)
     if problem:
-        raise PlanError(f"{problem}; try {_nearby(plan, world_size, global_batch, graph)}")
+        near = _nearby(plan, world_size, global_batch, graph)
+        if isinstance(near, PlanError):  # no valid plan for this job: say why instead of "try <an error>"
+            raise PlanError(f"{problem}; and no plan of {world_size} processes fits: {near}")
+        raise PlanError(f"{problem}; try {near}")
     return plan
 
 
@@ -124,8 +127,9 @@ def _divisors_down(n: int, start: int) -> list[int]:
     return [d for d in range(min(n, start), 0, -1) if n % d == 0]
 
 
-def _nearby(plan: Plan, world: int, batch: int, graph) -> str:
-    """A plan for the same job that passes every check: the given degrees where possible, else smaller."""
+def _nearby(plan: Plan, world: int, batch: int, graph) -> str | PlanError:
+    """A plan for the same job that passes every check: the given degrees where possible, else smaller; the
+    PlanError of :func:`choose_plan` when none exists."""
     known = {c.name for c in graph.components} if graph is not None else set(plan.components)
     keep = dict(zero_stage=min(max(plan.zero_stage, 0), 3), precision=plan.precision, sp=plan.sp,
                 pp_schedule=plan.pp_schedule, cp_kind=plan.cp_kind)
@@ -157,4 +161,4 @@ def _nearby(plan: Plan, world: int, batch: int, graph) -> str:
     try:
         return choose_plan(world_size=world, global_batch=batch, max_micro_batch=batch).describe()
     except PlanError as err:
-        return str(err)
+        return err

@@ -30,6 +30,8 @@ from lf_parallel._plan import ComponentPlan, Plan, PlanError
 from lf_parallel._plan_check import _graph_problem, _problem
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
+_RECOMPUTE_ORDER = {"none": 0, "selective_attn": 1, "selective": 1, "every_k": 2, "full": 3}
+"""Tie-break of equal predicted step times: the plan that recomputes less first."""
 
 
 class NoFeasiblePlan(PlanError):
@@ -165,7 +167,10 @@ def search_plans(graph, cluster: Cluster, *, global_batch: int, seq: int | None 
                         ranked.append(Candidate(plan=plan, recompute=mode, cost=cost))
     if not ranked:
         raise NoFeasiblePlan(_why_none(cluster, global_batch, leanest, memory_fraction))
-    ranked.sort(key=lambda c: (round(c.cost.step_s, 4), _complexity(c.plan), c.cost.memory.total))
+    # the unrounded prediction: rounding made tiny models tie and ``full`` rank above ``none``; exact ties go to
+    # less recompute, then the simpler plan, then less memory
+    ranked.sort(key=lambda c: (c.cost.step_s, _RECOMPUTE_ORDER.get(c.recompute, len(_RECOMPUTE_ORDER)),
+                               _complexity(c.plan), c.cost.memory.total))
     return SearchResult(ranked=ranked[:top], considered=considered, over_memory=over,
                         seconds=time.perf_counter() - start)
 

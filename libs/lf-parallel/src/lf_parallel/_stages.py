@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from lf_ir import Graph, node_backward_flops, node_forward_flops
+from lf_memory._estimate_graph import trunk_name
 
 __all__ = ["StageSpec", "balanced_partition", "split_stages", "stage_ranks", "trunk_component"]
 
@@ -50,14 +51,14 @@ class StageSpec:
 
 
 def trunk_component(graph: Graph) -> str:
-    """Name of the component with the most transformer blocks (the last one on ties).
+    """Name of the trunk: the component the others feed (lf-memory's ``trunk_name``: by the graph's edges, then
+    the most blocks). Qwen2-VL-7B's trunk is ``text`` although its vision tower has more blocks (32 vs 28).
 
     Raises:
         ValueError: the graph has no transformer block (nothing to pipeline).
     """
-    counts = [(len(c.blocks()), i, c.name) for i, c in enumerate(graph.components)]
-    blocks, _, name = max(counts)
-    if blocks == 0:
+    name = trunk_name(graph)
+    if not graph.component(name).blocks():
         raise ValueError(f"graph {graph.name!r}: no transformer blocks to split into pipeline stages")
     return name
 
