@@ -77,13 +77,19 @@ class LeRobotDataset(torch.utils.data.Dataset):
         root: dataset folder (holds ``meta/info.json``).
         action_horizon: ``A`` >= 1, actions per sample.
         episodes: episode indices to keep (order kept), default all.
+        tasks: task strings to keep (``LeRobotDataset.tasks`` values), default all: an episode is kept when the
+            task of its first frame is one of them (LeRobot records one task per episode).
+        max_frames: keep the first ``max_frames`` >= 1 frames of each episode, default all; the action
+            chunks of a cut episode end at its last kept frame (padded past it, as at a real end).
         image_key / state_key / action_key: feature names to read.
         preload_max_bytes: threshold for decoding all images at init.
 
     Raises:
         FileNotFoundError: a metadata or data file is missing (message names it).
         ValueError: ``codebase_version`` is not "v3.0", a file is corrupt or
-            inconsistent, a feature is missing, or an episode index is unknown.
+            inconsistent, a feature is missing, an episode index is unknown, a task in
+            ``tasks`` is not in the dataset or has no selected episode (the message lists the
+            dataset's tasks), or ``max_frames`` < 1.
 
     Example:
         >>> ds = LeRobotDataset("data/mw", action_horizon=8)  # doctest: +SKIP
@@ -97,6 +103,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
         *,
         action_horizon: int = 1,
         episodes: Sequence[int] | None = None,
+        tasks: Sequence[str] | None = None,
+        max_frames: int | None = None,
         image_key: str = "observation.image",
         state_key: str = "observation.state",
         action_key: str = "action",
@@ -104,6 +112,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
     ) -> None:
         if int(action_horizon) < 1:
             raise ValueError(f"LeRobotDataset: action_horizon must be >= 1, got {action_horizon}")
+        if max_frames is not None and int(max_frames) < 1:
+            raise ValueError(f"LeRobotDataset: max_frames must be >= 1 (or None for whole episodes), got {max_frames}")
         self.root = Path(root)
         self.action_horizon = int(action_horizon)
         info_path = self.root / fmt.INFO_PATH
@@ -145,9 +155,12 @@ class LeRobotDataset(torch.utils.data.Dataset):
                              f"{max(bounds)} ({len(bounds)} episodes), got unknown={unknown} or duplicates")
 
         self._load_frames(feats, image_key, state_key, action_key)
+        if tasks is not None:
+            chosen = self._episodes_of_tasks(list(tasks), chosen, bounds)
         rows, stops, ranges, pos = [], [], [], 0
         for e in chosen:
             a, b = bounds[e]
+            b = b if max_frames is None else min(b, a + int(max_frames))
             ranges.append((pos, pos + b - a))
             pos += b - a
             rows.append(np.arange(a, b))
@@ -162,6 +175,24 @@ class LeRobotDataset(torch.utils.data.Dataset):
             self._images = np.stack([_decode(self._png[r].as_py()) for r in self._rows]) if len(self._rows) \
                 else np.zeros((0, h, w, c), np.uint8)
             self._png = None
+
+    def _episodes_of_tasks(self, tasks: list[str], chosen: list[int], bounds: dict) -> list[int]:
+        """The episodes of ``chosen`` whose first frame's task is in ``tasks`` (order kept)."""
+        def listed() -> str:
+            shown = ", ".join(repr(t) for t in self.tasks[:20])
+            return f"{shown}, ... ({len(self.tasks)} in all)" if len(self.tasks) > 20 else shown
+
+        unknown = [t for t in tasks if t not in self.tasks]
+        if unknown:
+            raise ValueError(f"LeRobotDataset: task {unknown[0]!r} is not in {self.root} (its tasks: {listed()})")
+        wanted = {self.tasks.index(t) for t in tasks}
+        kept = [e for e in chosen if int(self._task[bounds[e][0]]) in wanted]
+        found = {int(self._task[bounds[e][0]]) for e in kept}
+        empty = [t for t in tasks if self.tasks.index(t) not in found]
+        if empty:
+            raise ValueError(f"LeRobotDataset: task {empty[0]!r} of {self.root} has no episode among the selected "
+                             f"{len(chosen)} (its tasks: {listed()})")
+        return kept
 
     def _load_frames(self, feats: dict, image_key: str, state_key: str, action_key: str) -> None:
         files = sorted((self.root / "data").glob("*/*.parquet"))
