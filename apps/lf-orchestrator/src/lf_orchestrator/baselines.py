@@ -36,6 +36,7 @@ from lf_data import LeRobotDataset
 from lf_orchestrator import assembly
 from lf_orchestrator.checkpoint import write_text_atomic
 from lf_orchestrator.config import Config, load_config
+from lf_orchestrator.families._metaworld import dataset_selection
 
 BASELINES = ("bc-mlp",)
 """Names accepted by ``lf eval --baseline``."""
@@ -188,7 +189,7 @@ def train_bc_mlp(run_dir: Path, *, budget: str = "steps", seconds: float | None 
         vla_seconds = json.loads(summary.read_text()).get("seconds") if summary.is_file() else None
     encoder = assembly.load_encoder(cfg, run_dir)
     norm = ActionNormalizer(encoder)
-    dataset = LeRobotDataset(cfg.data.path, action_horizon=cfg.data.action_horizon)
+    dataset = LeRobotDataset(cfg.data.path, action_horizon=cfg.data.action_horizon, **dataset_selection(cfg))
     data = _arrays(dataset, encoder, norm)
     n_tasks, (_, horizon, action_dim) = len(dataset.tasks), data["actions"].shape
     torch.manual_seed(cfg.run.seed)

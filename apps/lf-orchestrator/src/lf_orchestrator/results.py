@@ -3,10 +3,12 @@
 ``python -m lf_orchestrator.results RUN_DIR --name llama3_8b_h200x2 --out examples/results`` writes
 ``examples/results/llama3_8b_h200x2.json`` and ``..._loss.png`` (the curve of
 :func:`lf_orchestrator.metrics.plot_loss_curve`; skipped with a note where matplotlib is missing, e.g. on the GPU
-image) and prints the key numbers. It reads only the files every `lf run` writes: ``metrics.jsonl`` (one record
-per logged step), and where present ``plan.json``, ``summary.json`` (absent when a run was stopped, e.g. by
-``timeout``: the numbers then come from the metrics alone and ``finished`` is false), ``corpus.json`` and
-``config.toml``. No torch import.
+image) and prints the key numbers. Without ``--out`` both files go into ``RUN_DIR`` itself, next to the files
+they summarize (a run file of the same name is never overwritten). It reads only the files every `lf run`
+writes: ``metrics.jsonl`` (one record per logged step), and where present ``plan.json``, ``summary.json``
+(absent when a run was stopped, e.g. by ``timeout``: the numbers then come from the metrics alone and
+``finished`` is false), ``corpus.json`` and ``config.toml``; a folder with neither ``metrics.jsonl`` nor
+``config.toml`` is not an `lf run` folder and is refused. No torch import.
 
 Summary fields: ``steps_logged``, ``last_step``, ``first_loss`` / ``last_loss`` (the first and last logged
 ``train/loss``), ``loss_first10_mean`` / ``loss_last10_mean`` (means over the first and last 10% of logged steps,
@@ -20,19 +22,25 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
-from lf_orchestrator.metrics import plot_loss_curve, read_metrics
+from lf_orchestrator.metrics import METRICS_FILE, plot_loss_curve, read_metrics
 
 
 def summarize(run_dir: Path) -> dict[str, Any]:
     """The key numbers of ``run_dir`` (see the module docstring) and its full per-step metrics.
 
     Raises:
-        FileNotFoundError: ``run_dir`` has no ``metrics.jsonl`` record with ``train/loss`` (names the folder).
+        FileNotFoundError: ``run_dir`` is missing, is not an `lf run` folder (no ``metrics.jsonl`` and no
+            ``config.toml``), or has no ``metrics.jsonl`` record with ``train/loss`` (names the folder).
     """
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such folder")
+    if not (run_dir / METRICS_FILE).is_file() and not (run_dir / "config.toml").is_file():
+        raise FileNotFoundError(f"{run_dir}: not an `lf run` folder (no {METRICS_FILE} or config.toml)")
     records = read_metrics(run_dir)
     train = [r for r in records if "train/loss" in r]
     if not train:
@@ -71,29 +79,48 @@ def key_line(name: str, s: dict[str, Any]) -> str:
             f"{s['loss_last10_mean']:.4f}, falls: {s['loss_falls']}), median step {step} s, peak {mem} GiB")
 
 
-def write_results(run_dir: Path, name: str, out_dir: Path, extra: dict[str, Any] | None = None
+def write_results(run_dir: Path, name: str, out_dir: Path | None = None, extra: dict[str, Any] | None = None
                   ) -> tuple[Path, Path | None]:
-    """Write ``out_dir/{name}.json`` (``extra`` fields first, then :func:`summarize`) and ``out_dir/{name}_loss.png``.
+    """Write ``out_dir/{name}.json`` (``extra`` fields first, then :func:`summarize`) and ``out_dir/{name}_loss.png``;
+    ``out_dir`` defaults to ``run_dir``.
 
     Returns:
         (JSON path, PNG path or None without matplotlib).
+
+    Raises:
+        FileNotFoundError: as :func:`summarize` (nothing is written).
+        FileExistsError: ``out_dir/{name}.json`` is a file other than an earlier result of this name (e.g. the
+            run's own ``summary.json`` for ``name = "summary"``).
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(run_dir if out_dir is None else out_dir)
     summary = {"name": name, **(extra or {}), **summarize(run_dir)}
     json_path = out_dir / f"{name}.json"
+    if json_path.is_file() and not _is_result(json_path, name):
+        raise FileExistsError(f"{json_path} exists and is not a result of this module; choose another --name "
+                              f"or --out")
+    out_dir.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(summary, indent=1, default=str) + "\n")
     ylabel = "training loss"
     png = plot_loss_curve(run_dir, ylabel, out=out_dir / f"{name}_loss.png", title=name)
     return json_path, png
 
 
+def _is_result(path: Path, name: str) -> bool:
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(old, dict) and old.get("name") == name and "steps_logged" in old and "metrics" in old
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m lf_orchestrator.results RUN_DIR --name NAME [--out DIR] [--set KEY=VALUE ...]``."""
     parser = argparse.ArgumentParser(prog="python -m lf_orchestrator.results", description=__doc__.split("\n")[0])
-    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("run_dir", type=Path, help="a run folder written by `lf run` (finished or stopped)")
     parser.add_argument("--name", required=True, help="file stem of the result, e.g. llama3_8b_h200x2")
-    parser.add_argument("--out", type=Path, default=Path("examples/results"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for NAME.json and NAME_loss.png (default: RUN_DIR itself; e.g. examples/results "
+                             "to commit them)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra string fields for the JSON (e.g. device=..., command=...)")
     args = parser.parse_args(argv)
@@ -105,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         extra[key] = value
     try:
         json_path, png = write_results(args.run_dir, args.name, args.out, extra)
-    except FileNotFoundError as err:
-        print(f"error: {err}")
+    except (FileNotFoundError, FileExistsError) as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     s = json.loads(json_path.read_text())
     print(key_line(args.name, s))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from lf_orchestrator._console import make_console
 
@@ -34,9 +35,14 @@ def sample_cmd(run_dir: Annotated[Path, typer.Argument(help="A video-family run 
                    help="Classifier-free guidance scale (default: the run's video.guidance).")] = None,
                seed: Annotated[int, typer.Option(help="Noise seed.")] = 0,
                fps: Annotated[int, typer.Option(help="Frames per second of the mp4.")] = 10):
-    """Sample a video from a trained text-to-video run and write it as an mp4."""
+    """Sample a video from a trained text-to-video run and write it as an mp4.
+
+    An empty prompt is refused. Words of the prompt that the run's text vocabulary (the words of its training
+    instructions) lacks encode as the unknown token: a warning names them and the vocabulary's size."""
     from lf_orchestrator.config import ConfigError, load_config
 
+    if not prompt.strip():
+        _fail("--prompt is empty; give the text to generate a clip for (e.g. a task instruction the run trained on)")
     if not (run_dir / "config.toml").is_file():
         _fail(f"{run_dir}: not a run folder (no config.toml)" if run_dir.exists() else f"{run_dir}: no such folder")
     try:
@@ -45,11 +51,24 @@ def sample_cmd(run_dir: Annotated[Path, typer.Argument(help="A video-family run 
         _fail(str(err))
     if cfg.model.recipe != "wan_dit":
         _fail(f"{run_dir}: model.recipe is {cfg.model.recipe!r}; `lf sample` needs a video run (wan_dit)")
+    from lf_orchestrator.families._video_data import unknown_prompt_words
     from lf_orchestrator.families.video_sample import sample_video
 
     try:
+        _warn_unknown_words(*unknown_prompt_words(run_dir, prompt))
         path, shape = sample_video(cfg, run_dir, prompt, out=out, frames=frames, steps=steps, guidance=guidance,
                                    seed=seed, fps=fps)
     except (ValueError, FileNotFoundError) as err:
         _fail(str(err))
     console.print(f"wrote {path} ({shape[0]} frames of {shape[1]}x{shape[2]})")
+
+
+def _warn_unknown_words(unknown: list[str], all_unknown: bool, known: list[str]) -> None:
+    """Print a warning naming the prompt's words that the run's text vocabulary lacks (none: nothing)."""
+    if not unknown:
+        return
+    what = "no word of --prompt is" if all_unknown else "some words of --prompt are not"
+    shown = ", ".join(repr(w) for w in known[:12]) + (", ..." if len(known) > 12 else "")
+    words = ", ".join(repr(w) for w in unknown)
+    console.print(f"[bold yellow]warning:[/] {what} in the run's text vocabulary ({len(known)} known words: "
+                  f"{escape(shown)}); unknown, encoded as \\[UNK]: {escape(words)}", highlight=False, soft_wrap=True)

@@ -44,6 +44,7 @@ from lf_orchestrator import assembly
 from lf_orchestrator.checkpoint import is_legacy, latest_checkpoint, load_checkpoint
 from lf_orchestrator.config import Config, ConfigError
 from lf_orchestrator.families._faults import check_finite_weights, nonfinite_step
+from lf_orchestrator.families._metaworld import dataset_selection
 from lf_orchestrator.families._state import FamilyCheckpointer
 from lf_orchestrator.faults import nonfinite_reason
 from lf_orchestrator.fit import StepCallback, apply_update, fit_loop, lr_schedule
@@ -53,7 +54,9 @@ from lf_parallel import DistContext, Plan, apply_data_parallel, check_plan, choo
 
 def prepare_dataset(cfg: Config, ctx: DistContext,
                     progress: Callable[[int, int], None] | None = None) -> LeRobotDataset:
-    """Generate the Meta-World demonstrations on rank 0 if needed, then open the dataset."""
+    """Generate the Meta-World demonstrations on rank 0 if needed, then open the dataset (a ``lerobot`` one
+    restricted to ``data.tasks`` and ``data.max_steps`` frames per episode:
+    :func:`lf_orchestrator.families._metaworld.dataset_selection`)."""
     d = cfg.data
     if d.source == "metaworld" and ctx.is_main:
         generate_metaworld(d.path, tasks=d.tasks, episodes_per_task=d.episodes_per_task,
@@ -61,7 +64,7 @@ def prepare_dataset(cfg: Config, ctx: DistContext,
                            workers=d.workers, progress=progress)
     if ctx.distributed:
         torch.distributed.barrier()
-    return LeRobotDataset(d.path, action_horizon=d.action_horizon)
+    return LeRobotDataset(d.path, action_horizon=d.action_horizon, **dataset_selection(cfg))
 
 
 def make_plan(cfg: Config, ctx: DistContext) -> Plan:

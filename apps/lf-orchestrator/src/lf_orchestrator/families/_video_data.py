@@ -6,7 +6,8 @@ the Wan VAE (``lf_ir.recipes.wan_vae``, chunked causal encoding, latent mean,
 then ``normalize_latents``). Cache (atomic: hidden folder, then rename):
 ``<video.cache_dir>/<key>/latents.safetensors`` with ``latents`` (clips, z, f, h, w)
 float32, ``task_index`` (clips,) and the normalization's ``latents_mean`` / ``latents_std`` (z,),
-keyed by the dataset's ``info.json``, the VAE settings and the clip layout. A VAE trained by a
+keyed by the dataset's ``info.json`` (and, for ``data.source = "lerobot"``, the tasks and frames per episode
+read), the VAE settings and the clip layout. A VAE trained by a
 ``wan_vae`` run (``video.vae_weights`` names its folder) normalizes with the statistics of these
 clips' latents (:mod:`._vae_run`).
 
@@ -68,6 +69,7 @@ def build_vae(v, device: torch.device | str = "cpu", run_dir: Path | None = None
 
 def _key(cfg, dataset_root: Path) -> str:
     v = cfg.video
+    from lf_orchestrator.families._metaworld import dataset_selection
     from lf_orchestrator.families._vae_run import is_vae_run, run_vae_id
 
     weights = ""
@@ -80,7 +82,9 @@ def _key(cfg, dataset_root: Path) -> str:
         st = Path(v.vae_weights).stat()
         weights = f"{Path(v.vae_weights).resolve()}:{st.st_size}:{st.st_mtime_ns}"
     info = (dataset_root / "meta" / "info.json").read_text()
-    text = json.dumps([FORMAT, info, str(dataset_root), v.vae_size, v.vae_seed, weights, v.frames, v.clip_stride])
+    selection = dataset_selection(cfg)  # a lerobot dataset's data.tasks / data.max_steps; none for metaworld
+    text = json.dumps([FORMAT, info, str(dataset_root), v.vae_size, v.vae_seed, weights, v.frames, v.clip_stride,
+                       *([selection] if selection else [])])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -146,6 +150,32 @@ def save_text_encoder(run_dir: Path, tok, table: torch.Tensor) -> None:
     """Write ``instruction_tokenizer.json`` and ``text_encoder.safetensors`` into the run folder."""
     tok.save(str(Path(run_dir) / "instruction_tokenizer.json"))
     save_file({"embedding": table.contiguous()}, str(Path(run_dir) / "text_encoder.safetensors"))
+
+
+def unknown_prompt_words(run_dir: Path, prompt: str) -> tuple[list[str], bool, list[str]]:
+    """The words of ``prompt`` that the run's instruction tokenizer maps to ``[UNK]`` (distinct after lowercasing,
+    as first written, in prompt order),
+    whether every word of it is one, and the words the tokenizer knows (sorted). Reads only
+    ``instruction_tokenizer.json``.
+
+    Raises:
+        FileNotFoundError: the run folder has no ``instruction_tokenizer.json`` (names it).
+    """
+    from tokenizers import Tokenizer
+
+    from lf_data.text import UNK_ID
+
+    path = Path(run_dir) / "instruction_tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir}: missing {path.name} (not a video-family run folder?)")
+    tok = Tokenizer.from_file(str(path))
+    enc = tok.encode(prompt, add_special_tokens=False)
+    unknown = [prompt[a:b] for i, (a, b) in zip(enc.ids, enc.offsets, strict=True) if i == UNK_ID]
+    known = sorted(set(tok.get_vocab(with_added_tokens=False)) - {"[PAD]", "[UNK]"})
+    distinct: dict[str, str] = {}  # the tokenizer lowercases: 'Fly' and 'fly' are one word
+    for word in unknown:
+        distinct.setdefault(tok.normalizer.normalize_str(word), word)
+    return list(distinct.values()), len(unknown) == len(enc.ids), known
 
 
 def load_text_encoder(run_dir: Path):

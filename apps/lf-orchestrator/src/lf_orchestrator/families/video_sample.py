@@ -59,11 +59,13 @@ def sample_clip(cfg, run_dir: Path, prompt: str, *, frames: int | None = None, s
     """One generated clip for ``prompt``: uint8 numpy array (frames, height, width, 3), on the CPU.
 
     Raises:
-        ValueError: ``frames`` not 4k + 1 for the VAE, or steps < 1.
+        ValueError: an empty ``prompt``, ``frames`` not 4k + 1 for the VAE, or steps < 1.
         FileNotFoundError: the run folder lacks its checkpoint or text encoder.
     """
     from lf_ir.recipes.wan_vae import latent_shape
 
+    if not prompt.strip():
+        raise ValueError(f"prompt: empty ({prompt!r}); give the text to generate a clip for")
     v = cfg.video
     frames = v.frames if frames is None else frames
     steps = v.sample_steps if steps is None else steps
