@@ -24,8 +24,9 @@ from lf_orchestrator.data_cmd import data_app
 from lf_orchestrator.families import FAMILY_RECIPES
 from lf_orchestrator.ir_cmd import ir_app
 from lf_orchestrator.launch_cmd import launch
+from lf_orchestrator.memory_cmd import memory_cmd
 from lf_orchestrator.parallel_cmd import parallel_app
-from lf_orchestrator.plan_cmd import memory_cmd, plan_cmd
+from lf_orchestrator.plan_cmd import plan_cmd
 from lf_orchestrator.sample_cmd import sample_cmd
 from lf_orchestrator.tokenize_cmd import tokenize_app
 

@@ -1,4 +1,4 @@
-"""`lf plan` and `lf memory`: the auto-tuner's ranked plans and the per-GPU memory of one plan.
+"""`lf plan`: the auto-tuner's ranked plans (`lf memory`, the per-GPU memory of one plan: :mod:`.memory_cmd`).
 
 The model comes from a run config (``model.recipe``, ``model.size``, ``model.overrides``,
 ``train.global_batch``) or from ``--recipe`` / ``--size`` (any recipe of ``lf_ir.recipes``,
@@ -26,9 +26,9 @@ ConfigArg = Annotated[Optional[Path], typer.Argument(help="Run config (TOML); or
 RecipeOpt = Annotated[Optional[str], typer.Option(help="Recipe (llama3, qwen2_vl, wan_dit, vla, ...).")]
 SizeOpt = Annotated[Optional[str], typer.Option(help="Named size of the recipe, e.g. 8B, 70B, 14B.")]
 SeqOpt = Annotated[Optional[int], typer.Option(help="Tokens per sample of the main component.")]
-FramesOpt = Annotated[Optional[int], typer.Option(help="wan_dit: video frames (4k+1).")]
-HeightOpt = Annotated[Optional[int], typer.Option(help="wan_dit: video height, pixels.")]
-WidthOpt = Annotated[Optional[int], typer.Option(help="wan_dit: video width, pixels.")]
+FramesOpt = Annotated[Optional[int], typer.Option(help="wan_dit / wan_vae: video frames (4k+1).")]
+HeightOpt = Annotated[Optional[int], typer.Option(help="wan_dit / wan_vae: video height, pixels.")]
+WidthOpt = Annotated[Optional[int], typer.Option(help="wan_dit / wan_vae: video width, pixels.")]
 BatchOpt = Annotated[Optional[int], typer.Option(help="Samples per optimizer step (default: the config's, "
                                                       "else one per GPU).")]
 GpusOpt = Annotated[Optional[int], typer.Option(help="GPUs to plan for (default: detect this machine).")]
@@ -56,34 +56,68 @@ def _recipe(name: str):
             from None
 
 
+def _clip_tokens(cfg, rcfg) -> int:
+    """Latent tokens per clip of a wan_dit run, as :class:`.families.video.VideoFamily` trains them: the VAE
+    (``video.vae_size``) latents of a ``video.frames`` clip of ``data.image_size`` (``video.latents = "vae"``)
+    or of ``video.height`` x ``video.width`` (``"synthetic"``, :mod:`.families._video_synthetic`), divided by
+    the DiT's patch."""
+    import math
+
+    from lf_ir.recipes.wan_vae import latent_shape, wan_vae_config
+
+    v = cfg.video
+    side = (v.height, v.width) if v.latents == "synthetic" else (cfg.data.image_size, cfg.data.image_size)
+    grid = latent_shape(wan_vae_config(v.vae_size), v.frames, *side)
+    return math.prod(g // p for g, p in zip(grid, rcfg.patch, strict=True))
+
+
 def _run_sample(cfg) -> tuple[int | None, dict]:
     """(tokens per sample, more ``build_graph`` arguments) of the sample a run config trains on, where the
     recipe's default graph is not it: llama3 rows of ``corpus.seq_len`` (not the recipe's 131,072-token
-    ``max_seq_len``), qwen2_vl samples of one ``vlm.image_size`` image (:mod:`.families.vlm`); else (None, {})."""
-    if cfg.model.recipe == "llama3":
+    ``max_seq_len``), qwen2_vl samples of one ``vlm.image_size`` image (:mod:`.families.vlm`), wan_dit clips of
+    ``video.frames`` (:func:`_clip_tokens`), wan_vae clips of ``video.frames`` x ``data.image_size`` squared
+    (:mod:`.families.video_vae`), not the recipes' 81 x 480 x 832; else (None, {})."""
+    recipe = cfg.model.recipe
+    if recipe == "llama3":
         return cfg.corpus.seq_len, {}
-    if cfg.model.recipe == "qwen2_vl":
+    if recipe == "wan_vae":
+        side = cfg.data.image_size
+        return None, {"frames": cfg.video.frames, "height": side, "width": side}
+    if recipe in ("qwen2_vl", "wan_dit"):
         from lf_orchestrator.families.recipes import recipe_config
+
+        rcfg, _ = recipe_config(recipe, cfg.model.size, cfg.model.overrides)
+        if recipe == "wan_dit":
+            return _clip_tokens(cfg, rcfg), {}
         from lf_orchestrator.families.vlm import PROMPT_TOKENS, image_tokens
 
-        rcfg, _ = recipe_config(cfg.model.recipe, cfg.model.size, cfg.model.overrides)
         tokens = image_tokens(cfg.vlm.image_size, rcfg)
         return tokens + PROMPT_TOKENS, {"image_patches": tokens * rcfg.spatial_merge_size ** 2}
     return None, {}
+
+
+def load_run_config(config: Optional[Path]):
+    """The decoded run config, or None without one (ConfigError from the file)."""
+    if config is None:
+        return None
+    from lf_orchestrator.config import load_config
+
+    return load_config(config)
 
 
 def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[str], seq: Optional[int],
                   frames: Optional[int] = None, height: Optional[int] = None, width: Optional[int] = None):
     """(IR graph, tokens per sample of the main component, global batch from the config or None).
 
+    With a run CONFIG the graph is sized by what ``lf run`` trains (:func:`_run_sample`); ``--seq`` and, for
+    wan_dit / wan_vae, ``--frames`` / ``--height`` / ``--width`` override it.
+
     Raises:
         ValueError: no model given, unknown recipe/size, or a bad video size; ConfigError from the config.
     """
     overrides, batch, graph_kw = {}, None, {}
-    if config is not None:
-        from lf_orchestrator.config import load_config
-
-        cfg = load_config(config)
+    cfg = load_run_config(config)
+    if cfg is not None:
         same_recipe = recipe in (None, cfg.model.recipe)
         recipe, size = recipe or cfg.model.recipe, size or cfg.model.size
         overrides, batch = dict(cfg.model.overrides), cfg.train.global_batch
@@ -96,10 +130,14 @@ def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[
     cfg = factory(size, **overrides)
     if recipe == "wan_dit" and (frames or height or width):
         seq = module.video_tokens(cfg, frames, height, width)
+    if recipe == "wan_vae" and (frames or height or width):
+        clip = {"frames": frames, "height": height, "width": width}
+        graph_kw = {**(graph_kw or {"frames": 81, "height": 480, "width": 832}),
+                    **{k: v for k, v in clip.items() if v}}
     takes_seq = "seq_len" in inspect.signature(module.build_graph).parameters
     if seq is not None and not takes_seq:
         raise ValueError(f"--seq: the {recipe} recipe's sequence length follows from its config")
-    graph = module.build_graph(cfg, seq_len=seq, **graph_kw) if seq else module.build_graph(cfg)
+    graph = module.build_graph(cfg, **({"seq_len": seq} if seq else {}), **graph_kw)
     from lf_memory._estimate_graph import graph_view
 
     return graph, graph.component(graph_view(graph).main).seq_len, batch
@@ -125,15 +163,13 @@ def _cost_row(cand) -> dict:
             "memory_gib": {k: v / GIB for k, v in c.memory.breakdown().items()}}
 
 
-def _runnable(config: Optional[Path], graph, tokens: int):
-    """With a run CONFIG of a recipe-trainer family: plan -> why ``lf run`` cannot run it (None: it can);
+def _runnable(cfg, graph, tokens: int):
+    """With a run config of a recipe-trainer family: plan -> why ``lf run`` cannot run it (None: it can);
     else None (no column)."""
-    if config is None:
+    if cfg is None:
         return None
-    from lf_orchestrator.config import load_config
     from lf_orchestrator.families import FAMILY_RECIPES
 
-    cfg = load_config(config)
     if cfg.model.recipe not in FAMILY_RECIPES:
         return None
     from lf_orchestrator.families._plan import trainer_unsupported
@@ -146,8 +182,12 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
              global_batch: BatchOpt = None, gpus: GpusOpt = None, gpus_per_node: PerNodeOpt = None,
              gpu: GpuOpt = "h100", inter_node_gbps: InterOpt = 400.0, precision: PrecisionOpt = "bf16",
              top: Annotated[int, typer.Option(help="Plans to list.")] = 5, as_json: JsonOpt = False):
-    """Rank parallel plans by predicted step time: tokens/s/GPU, MFU, peak memory, and the winner's breakdown."""
+    """Rank parallel plans by predicted step time: tokens/s/GPU, MFU, peak memory, and the winner's breakdown.
+
+    With a run CONFIG the ranking is the one ``lf run`` (``parallel.plan = "auto"``) picks from: micro-batches
+    up to ``parallel.micro_batch`` (:func:`.families._plan.rank_plans`)."""
     from lf_orchestrator.config import ConfigError
+    from lf_orchestrator.families._plan import rank_plans
     from lf_parallel._cluster import ClusterError
     from lf_parallel._search import NoFeasiblePlan, search_plans
 
@@ -157,8 +197,13 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
         graph, tokens, batch = resolve_model(config, recipe, size, seq, frames, height, width)
         cluster = resolve_cluster(gpus, gpus_per_node, gpu, inter_node_gbps)
         batch = global_batch or batch or cluster.gpus
-        result = search_plans(graph, cluster, global_batch=batch, seq=tokens, precision=precision, top=top)
-        runnable = _runnable(config, graph, tokens)
+        run_cfg = load_run_config(config)
+        if run_cfg is not None:
+            result = rank_plans(run_cfg, graph, cluster, seq=tokens, precision=precision, global_batch=batch,
+                                top=top)
+        else:
+            result = search_plans(graph, cluster, global_batch=batch, seq=tokens, precision=precision, top=top)
+        runnable = _runnable(run_cfg, graph, tokens)
     except NoFeasiblePlan as err:
         _fail(f"{graph.name} on {cluster.describe()}, global batch {batch}: {err}")
     except (ConfigError, ClusterError, ValueError) as err:
@@ -186,43 +231,3 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
     out.print("winner, seconds per step: " + ", ".join(f"{k} {v:.3f}" for k, v in best.items()), highlight=False)
     out.print(f"{result.considered:,} plans considered, {result.over_memory:,} over memory, "
               f"{result.seconds:.1f} s", highlight=False)
-
-
-def memory_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt = None, seq: SeqOpt = None,
-               frames: FramesOpt = None, height: HeightOpt = None, width: WidthOpt = None,
-               plan: Annotated[str, typer.Option(help="Plan as key=value, e.g. 'dp=8,zero=3,tp=2,mb=1'.")] = "dp=1",
-               recompute: Annotated[str, typer.Option(help="none, selective, full or every_k.")] = "none",
-               gpus: GpusOpt = None, gpus_per_node: PerNodeOpt = None, gpu: GpuOpt = "h100",
-               inter_node_gbps: InterOpt = 400.0, precision: PrecisionOpt = "bf16", as_json: JsonOpt = False):
-    """Peak memory per GPU of one plan, by kind, and whether it fits the GPU."""
-    from lf_memory._estimate import estimate_memory
-    from lf_orchestrator.config import ConfigError
-    from lf_parallel import check_plan
-    from lf_parallel._cluster import ClusterError
-    from lf_parallel._plan import PlanError, parse_plan
-
-    try:
-        graph, tokens, _ = resolve_model(config, recipe, size, seq, frames, height, width)
-        parsed = parse_plan(plan, precision=precision)
-        cluster = resolve_cluster(gpus or parsed.world_size, gpus_per_node, gpu, inter_node_gbps)
-        # the plan must run on these GPUs and divide this model (heads, widths, layers), as before a launch
-        check_plan(parsed, world_size=gpus or parsed.world_size, global_batch=parsed.global_batch, graph=graph)
-        est = estimate_memory(graph, parsed, seq=tokens, precision=precision, recompute=recompute)
-    except (ConfigError, ClusterError, PlanError, ValueError) as err:
-        _fail(str(err))
-    have = cluster.memory_bytes
-    rows = {k: v / GIB for k, v in est.breakdown().items()}
-    if as_json:
-        print(json.dumps({"model": graph.name, "plan": parsed.describe(), "recompute": recompute, "stage": est.stage,
-                          "gib": rows, "gpu": cluster.gpu.name, "gpu_gib": have / GIB, "fits": est.total <= have}))
-        return
-    table = Table(title=f"{graph.name}: {parsed.describe()}, recompute={recompute}, stage {est.stage}")
-    table.add_column("kind")
-    table.add_column("GiB per GPU", justify="right")
-    for key, value in rows.items():
-        table.add_row(key, f"{value:.2f}")
-    make_console().print(table)
-    verdict = "fits" if est.total <= have else f"does NOT fit: {est.total / GIB:.1f} GiB needed"
-    make_console().print(f"{cluster.gpu.name} has {have / GIB:.1f} GiB: {verdict}", highlight=False)
-    if est.total > have:
-        raise typer.Exit(1)
