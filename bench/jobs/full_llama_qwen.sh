@@ -24,8 +24,10 @@ LLAMA_LIMIT=${LLAMA_LIMIT:-290}
 QWEN_LIMIT=${QWEN_LIMIT:-250}
 ONLY=${ONLY:-both}
 LLAMA_SET=(); QWEN_SET=()
+# PROFILE=10,12: torch.profiler over finished steps 10..12 (train.profile_steps); <run>/profile/ goes in the archive
+if [ -n "${PROFILE:-}" ]; then LLAMA_SET=(--set "train.profile_steps=[$PROFILE]"); QWEN_SET=("${LLAMA_SET[@]}"); fi
 if [ "${FULL_TINY:-0}" = 1 ]; then  # the same commands at tiny sizes on the CPU: proves the script and data paths
-  COMMON=(--set run.device=cpu --set train.steps=3 --set train.warmup_steps=1)
+  COMMON=("${LLAMA_SET[@]}" --set run.device=cpu --set train.steps=3 --set train.warmup_steps=1)
   LLAMA_SET=("${COMMON[@]}" --set model.size=tiny --set "model.overrides={vocab_size=128256, max_seq_len=8192}"
              --set corpus.seq_len=1024)
   QWEN_SET=("${COMMON[@]}" --set model.size=tiny --set train.global_batch=4)

@@ -6,6 +6,7 @@
 #
 # On the GPU machine, with lf importable (the monorepo installed, or PYTHONPATH over libs/*/src and apps/*/src):
 #   bash bench/jobs/full_wan_vla.sh
+#   ONLY=wan WAN_LIMIT=560 bash bench/jobs/full_wan_vla.sh    # one of them (ONLY=wan|vla), e.g. on a one-GPU machine
 # GPUs: the first two of CUDA_VISIBLE_DEVICES (default 0,1). Needs carry: bench/jobs (tracked) and .lf-cache/metaworld5_30.
 # Limits: WAN_LIMIT (default 510 s: 200 steps at ~2.2-2.3 s/step + init are ~7.5-8 min; the LR schedule assumes 200
 # steps, a cut run keeps its finished steps) and VLA_LIMIT (default 420 s). On SIGTERM lf stops after the step in
@@ -23,8 +24,10 @@ VLA_LIMIT=${VLA_LIMIT:-420}
 IFS=, read -r -a GPUS <<< "${CUDA_VISIBLE_DEVICES:-0,1}"
 G0=${GPUS[0]}; G1=${GPUS[1]:-${GPUS[0]}}
 WAN_SET=(); VLA_SET=()
+# PROFILE=10,12: torch.profiler over finished steps 10..12 (train.profile_steps); <run>/profile/ goes in the archive
+if [ -n "${PROFILE:-}" ]; then WAN_SET=(--set "train.profile_steps=[$PROFILE]"); VLA_SET=("${WAN_SET[@]}"); fi
 if [ "${FULL_TINY:-0}" = 1 ]; then  # the same commands at tiny sizes on the CPU
-  COMMON=(--set run.device=cpu --set train.steps=3 --set train.warmup_steps=1)
+  COMMON=("${WAN_SET[@]}" --set run.device=cpu --set train.steps=3 --set train.warmup_steps=1)
   WAN_SET=("${COMMON[@]}" --set model.size=tiny --set "model.overrides={frames=9, height=32, width=32}"
            --set video.frames=9 --set video.height=32 --set video.width=32 --set video.vae_size=tiny
            --set memory.budget_gib=2)
@@ -41,13 +44,19 @@ run() {  # name gpu config limit_s [--set ...]
   echo "$? $((SECONDS - t0))" > "$W/$name.rc"
 }
 
-run wan_1p3b_h200 "$G0" examples/full/wan_1p3b.toml "$WAN_LIMIT" "${WAN_SET[@]}" &
-P0=$!
-{ run vla_3b_h200 "$G1" examples/full/vla_3b.toml "$VLA_LIMIT" "${VLA_SET[@]}"
-  if [ -n "${AFTER_VLA:-}" ]; then CUDA_VISIBLE_DEVICES=$G1 bash -c "$AFTER_VLA" > "$W/after_vla.log" 2>&1; fi; } &
-P1=$!
-wait $P0 $P1
-for name in wan_1p3b_h200 vla_3b_h200; do
+ONLY=${ONLY:-both}  # wan | vla | both (one GPU machine: one of them)
+NAMES=()
+if [ "$ONLY" != vla ]; then
+  run wan_1p3b_h200 "$G0" examples/full/wan_1p3b.toml "$WAN_LIMIT" "${WAN_SET[@]}" &
+  NAMES+=(wan_1p3b_h200)
+fi
+if [ "$ONLY" != wan ]; then
+  { run vla_3b_h200 "$G1" examples/full/vla_3b.toml "$VLA_LIMIT" "${VLA_SET[@]}"
+    if [ -n "${AFTER_VLA:-}" ]; then CUDA_VISIBLE_DEVICES=$G1 bash -c "$AFTER_VLA" > "$W/after_vla.log" 2>&1; fi; } &
+  NAMES+=(vla_3b_h200)
+fi
+wait
+for name in "${NAMES[@]}"; do
   read -r rc wall < "$W/$name.rc"
   echo "== $name: rc=$rc wall=$wall s"
   grep -v '^\s*$' "$W/$name.log" | grep -v "^step " | tail -n 12

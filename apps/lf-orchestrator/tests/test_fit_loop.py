@@ -14,6 +14,7 @@ import signal
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from lf_orchestrator.faults import RolledBack
 from lf_orchestrator.fit import fit_loop, lr_factor
@@ -38,8 +39,8 @@ class _Trainer:
     def __init__(self, run_dir, *, steps, log_every=1, ckpt_every=100, on_nonfinite="skip", rollback_at=None):
         self.cfg = SimpleNamespace(train=SimpleNamespace(
             steps=steps, log_every=log_every, ckpt_every=ckpt_every, hang_timeout_s=0.0, on_hang="abort",
-            on_nonfinite=on_nonfinite))
-        self.ctx = SimpleNamespace(is_main=True, distributed=False, rank=0)
+            on_nonfinite=on_nonfinite, profile_steps=[]))
+        self.ctx = SimpleNamespace(is_main=True, distributed=False, rank=0, device=torch.device("cpu"))
         self.run_dir, self.step, self.saved = run_dir, 0, []
         self.checkpointer = _Checkpointer()
         self.rollback_at = rollback_at

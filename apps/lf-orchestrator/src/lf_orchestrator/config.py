@@ -134,6 +134,10 @@ class TrainSection(_Section):
     """fnmatch patterns of the module names LoRA wraps (``components.`` prefix optional)."""
     freeze: list[str] = msgspec.field(default_factory=list)
     """fnmatch patterns of parameter names to freeze (e.g. ``"vision.*"``; ``components.`` prefix optional)."""
+    profile_steps: list[int] = msgspec.field(default_factory=list)
+    """``[first, last]``: profile the finished steps ``first..last`` (1-based, inclusive) with ``torch.profiler``
+    on every rank and write kernel-time summaries, op tables and rank 0's trace to ``<run>/profile/``
+    (:mod:`lf_orchestrator.profiling`); ``[]`` (default) = off."""
 
 
 class MemorySection(_Section):
@@ -359,6 +363,9 @@ def check_config(cfg: Config, where: str = "config") -> Config:
     _require(t.ckpt_every > 0 or t.on_nonfinite != "rollback", where, "train.ckpt_every",
              'an integer >= 1 with train.on_nonfinite = "rollback" (it reloads a checkpoint)', t.ckpt_every)
     _require(t.grad_clip >= 0, where, "train.grad_clip", "a number >= 0", t.grad_clip)
+    p = t.profile_steps
+    _require(not p or (len(p) == 2 and 1 <= p[0] <= p[1]), where, "train.profile_steps",
+             "[] or [first, last] with 1 <= first <= last", p)
     _require(t.hang_timeout_s >= 0, where, "train.hang_timeout_s", "a number >= 0 (0 disables)", t.hang_timeout_s)
     _require(cfg.run.threads >= 0, where, "run.threads", "an integer >= 0", cfg.run.threads)
     for key, value in [("run.seed", cfg.run.seed), ("data.seed", d.seed), ("eval.seed", e.seed),
@@ -433,7 +440,7 @@ def _check_model(cfg: Config, where: str) -> None:
 
 RESUME_KEYS = ("train.steps", "train.log_every", "train.ckpt_every", "train.keep_checkpoints",
                "train.async_checkpoint", "train.on_nonfinite", "train.hang_timeout_s", "train.on_hang",
-               "run.device", "run.threads", "eval.")
+               "train.profile_steps", "run.device", "run.threads", "eval.")
 """Keys ``--set`` may change on ``--resume``; the rest are fixed by the checkpoint."""
 
 

@@ -103,13 +103,18 @@ def fit_loop(trainer, on_step: StepCallback | None = None, *, step_units: Callab
     guard = RunGuard(hang_timeout_s=t.hang_timeout_s, on_hang=t.on_hang, ctx=ctx, run_dir=run_dir,
                      describe=lambda: f"last finished step {trainer.step}")
     preempted = False
+    from lf_orchestrator.profiling import StepProfiler
+
+    profiler = StepProfiler(t.profile_steps, run_dir, rank=ctx.rank, device_type=ctx.device.type)
     try:
         with guard:
             if t.on_nonfinite == "rollback" and latest_checkpoint(run_dir) is None:
                 trainer.save()  # something to roll back to
             while trainer.step < t.steps:
+                profiler.step_begins(trainer.step + 1)
                 try:
                     last = trainer.train_step()
+                    profiler.step_ends(trainer.step)
                 except RolledBack:  # continue from the checkpoint's step; its logs restart there
                     logger.close()
                     logger = MetricsLogger(run_dir, start_step=trainer.step, enabled=ctx.is_main)
@@ -143,6 +148,7 @@ def fit_loop(trainer, on_step: StepCallback | None = None, *, step_units: Callab
             if evaluation:
                 logger.log(trainer.step, evaluation)
     finally:
+        profiler.close()
         trainer.checkpointer.wait()  # a failed step still leaves the save in flight committed
         logger.close()
     return {"steps": trainer.step, "resumed_from": start, "seconds": time.perf_counter() - t0, "final": last,

@@ -36,7 +36,9 @@ def lm_loss_sum(model: nn.Module, ids_bs: torch.Tensor, labels_bs: torch.Tensor,
 
     Runs the ``text`` component of a llama3 / qwen2-style model up to its head, then the fused linear CE.
     ``positions_bs`` / ``document_ids_bs`` (batch, seq) int64: per-document rotary positions and the
-    packed-document ids that keep attention within each document.
+    packed-document ids that keep attention within each document. The head's GEMMs run in the autocast dtype
+    when autocast is on (as the eager head's ``F.linear`` would; float32 hidden states otherwise take fp32 SIMT
+    GEMMs over the whole vocabulary), the chunk logits and the softmax in float32.
     """
     text = model.components["text"]
     h_bsd = text(ids_bs, mask=model.mask, positions=positions_bs, document_ids=document_ids_bs,
@@ -46,7 +48,10 @@ def lm_loss_sum(model: nn.Module, ids_bs: torch.Tensor, labels_bs: torch.Tensor,
     if isinstance(weight, DTensor):  # tensor parallel head: gathered logits, plain CE
         logits = head(h_bsd)
         return F.cross_entropy(logits.flatten(0, 1).float(), labels_bs.flatten(), reduction="sum")
-    return fused_linear_cross_entropy(h_bsd.flatten(0, 1), weight.to(h_bsd.dtype), labels_bs.flatten(),
+    dtype = h_bsd.dtype
+    if torch.is_autocast_enabled(h_bsd.device.type):  # the dtype autocast would give the head's F.linear
+        dtype = torch.get_autocast_dtype(h_bsd.device.type)
+    return fused_linear_cross_entropy(h_bsd.flatten(0, 1).to(dtype), weight.to(dtype), labels_bs.flatten(),
                                       reduction="sum").float()
 
 

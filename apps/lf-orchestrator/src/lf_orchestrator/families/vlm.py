@@ -22,6 +22,7 @@ import json
 import torch
 import torch.nn.functional as F
 
+from lf_ir import mrope_position_ids
 from lf_orchestrator.families._metaworld import open_dataset, split_episodes
 from lf_orchestrator.families.base import Family
 
@@ -115,9 +116,13 @@ class VLMFamily(Family):
             ids[r, :len(seq)] = torch.tensor(seq)
             mask[r, :len(seq)] = 1
             labels[r, prompt_len - 1:len(seq) - 1] = torch.tensor(seq[prompt_len:])  # predict the answer only
+        grid = torch.stack([s[3] for s in samples])
+        rc = self.recipe_cfg
+        # M-RoPE ids on the host here, not per forward on the GPU (there they cost host syncs per sample)
+        positions = mrope_position_ids(ids, grid, image_token_id=rc.image_token_id,
+                                       spatial_merge_size=rc.spatial_merge_size, attention_mask=mask)
         return {"input_ids": ids, "labels": labels, "attention_mask": mask,
-                "pixel_values": torch.cat([s[2] for s in samples]),
-                "image_grid_thw": torch.stack([s[3] for s in samples])}
+                "pixel_values": torch.cat([s[2] for s in samples]), "image_grid_thw": grid, "position_ids": positions}
 
     def collate(self, indices: list[int], step: int) -> dict[str, torch.Tensor]:
         return self._batch([self.train_frames[i] for i in indices])
@@ -127,7 +132,7 @@ class VLMFamily(Family):
 
     def _logits(self, model, batch) -> torch.Tensor:
         return model(batch["input_ids"], pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"],
-                     attention_mask=batch["attention_mask"])
+                     attention_mask=batch["attention_mask"], position_ids=batch.get("position_ids"))
 
     def loss_sum(self, model, batch):
         logits = self._logits(model, batch).float()
