@@ -14,7 +14,7 @@ import torch
 from test_fit_loop import _fit, _Trainer
 
 from lf_orchestrator.config import ConfigError, load_config
-from lf_orchestrator.profiling import kernel_category, summarize_kernels
+from lf_orchestrator.profiling import kernel_category, kernel_intervals, summarize_kernels
 
 
 def test_kernel_categories():
@@ -39,6 +39,20 @@ def test_summarize_kernels_by_hand():
     assert s["wall_s_per_step"] == 5.0
     assert [k["name"] for k in s["top_kernels"]] == ["nvjet_gemm", "ncclDevKernel_AllGather", "flash_fwd"]
     assert s["top_kernels"][0]["calls"] == 0  # 1 call over 2 steps rounds down
+
+
+def test_kernel_intervals_skip_gpu_annotations():
+    """Oracle: a kernel and the ``nccl:`` annotation around it (both on the GPU timeline), a CPU op: only the
+    kernel is kept, in seconds."""
+    from types import SimpleNamespace as NS
+
+    def event(name, start_us, end_us, device, annotation=False):
+        return NS(name=name, time_range=NS(start=start_us, end=end_us), device_type=device,
+                  is_user_annotation=annotation)
+
+    events = [event("ncclDevKernel_AllGather", 10.0, 30.0, "gpu"), event("nccl:_all_gather_base", 10.0, 30.0, "gpu",
+                                                                        True), event("aten::mm", 0.0, 5.0, "cpu")]
+    assert kernel_intervals(events, "gpu") == [("ncclDevKernel_AllGather", pytest.approx(1e-5), pytest.approx(3e-5))]
 
 
 class _MatmulTrainer(_Trainer):

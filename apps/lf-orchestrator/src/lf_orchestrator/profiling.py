@@ -12,7 +12,9 @@ steps ``first..last`` (1-based, inclusive) on every rank and writes into ``<run>
 
 The categories come from kernel names (cuBLAS / CUTLASS / nvJet GEMMs, FlashAttention / cuDNN / Flex
 attention kernels, ``nccl*``, fused / multi-tensor Adam); they are a reading aid for the gap between a measured
-step and a prediction, not a cost model. Times are in seconds; kernel intervals come from CUPTI via Kineto.
+step and a prediction, not a cost model. Times are in seconds; kernel intervals come from CUPTI via Kineto. A
+collective's kernel runs until every rank has joined it, so its time includes waiting for slower ranks: compare
+the ranks' summaries (a rank with much idle time makes the others' communication look long).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["StepProfiler", "kernel_category", "summarize_kernels"]
+__all__ = ["StepProfiler", "kernel_category", "kernel_intervals", "summarize_kernels"]
 
 _CATEGORIES = (
     ("communication", re.compile(r"nccl|all_?gather|reduce_?scatter|all_?reduce|sendrecv", re.I)),
@@ -69,6 +71,15 @@ def _uncovered_s(intervals: list[tuple[float, float]], cover: list[tuple[float, 
             if lo < hi:
                 both.append((lo, hi))
     return _union_s(intervals) - _union_s(both)
+
+
+def kernel_intervals(events, device_type) -> list[tuple[str, float, float]]:
+    """``(name, start_s, end_s)`` of the GPU kernels among profiler ``events`` (``FunctionEvent``s).
+
+    GPU-side user annotations (``nccl:_all_gather_base``, ``Optimizer.step#AdamW.step``) are left out: they span
+    kernels that are listed themselves, and counting both would count that time twice."""
+    return [(e.name, e.time_range.start * 1e-6, e.time_range.end * 1e-6) for e in events
+            if e.device_type == device_type and not getattr(e, "is_user_annotation", False)]
 
 
 def summarize_kernels(kernels: list[tuple[str, float, float]], steps: int, wall_s: float) -> dict[str, Any]:
@@ -158,8 +169,7 @@ class StepProfiler:
         from torch.autograd import DeviceType
 
         self.out.mkdir(parents=True, exist_ok=True)
-        kernels = [(e.name, e.time_range.start * 1e-6, e.time_range.end * 1e-6) for e in prof.events()
-                   if e.device_type == DeviceType.CUDA]
+        kernels = kernel_intervals(prof.events(), DeviceType.CUDA)
         summary = {"first_step": self.first, "last_step": self.first + steps - 1, "rank": self.rank,
                    **summarize_kernels(kernels, steps, wall_s)}
         from lf_orchestrator.checkpoint import write_text_atomic
