@@ -8,7 +8,7 @@
 #   bash bench/jobs/full_llama_qwen.sh                      # both, ~9 min budget (LLAMA_LIMIT + QWEN_LIMIT seconds)
 #   ONLY=llama LLAMA_LIMIT=540 bash bench/jobs/full_llama_qwen.sh     # one of them per call, if both do not fit
 #   ONLY=qwen QWEN_LIMIT=540 bash bench/jobs/full_llama_qwen.sh
-# Needs carry: bench/jobs (tracked) and .lf-cache/metaworld5_30 (Qwen's data).
+# Needs .lf-cache/metaworld5_30 (Qwen's data; how to make it: bench/jobs/README.md) in the repository root.
 # A run past its limit gets SIGTERM (timeout): lf stops after the step in flight (train.ckpt_every = 0: nothing is
 # saved), metrics.jsonl keeps every finished step, the archive is still written.
 # CPU dry run (tiny sizes, 2 gloo processes, 3 steps): FULL_TINY=1 OUT=/tmp/o bash bench/jobs/full_llama_qwen.sh

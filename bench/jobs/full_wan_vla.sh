@@ -1,13 +1,13 @@
 #!/bin/bash
 # Issue 10, full size through `lf run` on ONE GPU each, concurrently: Wan2.1-1.3B at 81 x 480 x 832 on GPU 0
-# (examples/full/wan_1p3b.toml) and the 3.4 B token VLA on GPU 1 (examples/full/vla_3b.toml), 200 steps each.
+# (examples/full/wan_1p3b.toml) and the 3.24 B token VLA on GPU 1 (examples/full/vla_3b.toml), 200 steps each.
 # Writes ONE archive $OUT/full_wan_vla.tgz (metrics.jsonl, plan.json, summary.json, config.toml, logs, results
 # JSON per run) and prints first / last losses, median step_s and peak memory per run.
 #
 # On the GPU machine, with lf importable (the monorepo installed, or PYTHONPATH over libs/*/src and apps/*/src):
 #   bash bench/jobs/full_wan_vla.sh
 #   ONLY=wan WAN_LIMIT=560 bash bench/jobs/full_wan_vla.sh    # one of them (ONLY=wan|vla), e.g. on a one-GPU machine
-# GPUs: the first two of CUDA_VISIBLE_DEVICES (default 0,1). Needs carry: bench/jobs (tracked) and .lf-cache/metaworld5_30.
+# GPUs: the first two of CUDA_VISIBLE_DEVICES (default 0,1). Needs .lf-cache/metaworld5_30 (bench/jobs/README.md says how to make it).
 # Limits: WAN_LIMIT (default 510 s: 200 steps at ~2.2-2.3 s/step + init are ~7.5-8 min; the LR schedule assumes 200
 # steps, a cut run keeps its finished steps) and VLA_LIMIT (default 420 s). On SIGTERM lf stops after the step in
 # flight (train.ckpt_every = 0: nothing saved); metrics.jsonl keeps every finished step.

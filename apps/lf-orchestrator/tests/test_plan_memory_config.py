@@ -118,12 +118,16 @@ def test_memory_uses_the_config_plan_and_batch():
 
 
 def test_memory_error_for_wrong_gpu_count_is_readable():
-    """Oracle: check_plan's rule (dp must equal the processes) and that 8 processes cannot split a global
-    batch of 2: the message says so instead of "try <an error message>" (the garbled text before)."""
+    """Oracle: the config's manual spec is a 2-GPU plan, so --gpus 8 is refused naming parallel.spec and --plan
+    (before: "parallel.dp=2 must equal ..." for a field the config does not set, then a garbled "try <error>");
+    without a config, --gpus 8 estimates data parallel over 8 GPUs."""
     out = runner.invoke(app, ["memory", str(EXAMPLES / "full" / "llama3_8b.toml"), "--gpus", "8"])
     assert out.exit_code == 2
-    assert "parallel.dp=2 must equal the number of processes (8)" in out.output
-    assert "no plan of 8 processes fits: train.global_batch=2" in out.output and "try train." not in out.output
+    text = " ".join(out.output.split())
+    assert "parallel.spec 'dp=2,zero=3' is a plan for 2 GPU(s), not --gpus 8: pass --plan" in text, text
+    out = runner.invoke(app, ["memory", "--recipe", "llama3", "--size", "tiny", "--gpus", "8", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["plan"].startswith("dp=8"), out.output
     out = runner.invoke(app, ["memory", str(EXAMPLES / "full" / "llama3_8b.toml"), "--gpus", "2", "--plan", "dp=1"])
     assert out.exit_code == 2 and "try dp=2" in out.output
 

@@ -80,3 +80,22 @@ def test_profile_steps_checked(bad):
     """Oracle: the config check's message names the key and the expected form."""
     with pytest.raises(ConfigError, match=r"train\.profile_steps: expected \[\] or \[first, last\]"):
         load_config(None, [f"train.profile_steps={bad}"])
+
+
+def test_profile_window_must_end_by_the_last_step():
+    """Oracle: the config check names the key and train.steps; a window inside the run passes."""
+    with pytest.raises(ConfigError, match=r"train\.profile_steps: expected a window that ends by train\.steps = 4"):
+        load_config(None, ["train.steps=4", "train.warmup_steps=1", "train.profile_steps=[3, 6]"])
+    cfg = load_config(None, ["train.steps=4", "train.warmup_steps=1", "train.profile_steps=[3, 4]"])
+    assert cfg.train.profile_steps == [3, 4]
+
+
+def test_cli_errors_keep_bracketed_text(tmp_path):
+    """Oracle: the message's own text; rich would otherwise read "[first, last]" as markup and drop it."""
+    from typer.testing import CliRunner
+
+    from lf_orchestrator.cli import app
+
+    out = CliRunner().invoke(app, ["config", "show", "--set", "train.profile_steps=[0, 1]"])
+    assert out.exit_code == 2, out.output
+    assert "[first, last]" in " ".join(out.output.split())

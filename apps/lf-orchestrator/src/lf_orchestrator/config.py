@@ -366,6 +366,8 @@ def check_config(cfg: Config, where: str = "config") -> Config:
     p = t.profile_steps
     _require(not p or (len(p) == 2 and 1 <= p[0] <= p[1]), where, "train.profile_steps",
              "[] or [first, last] with 1 <= first <= last", p)
+    _require(not p or p[1] <= t.steps, where, "train.profile_steps",
+             f"a window that ends by train.steps = {t.steps}", p)
     _require(t.hang_timeout_s >= 0, where, "train.hang_timeout_s", "a number >= 0 (0 disables)", t.hang_timeout_s)
     _require(cfg.run.threads >= 0, where, "run.threads", "an integer >= 0", cfg.run.threads)
     for key, value in [("run.seed", cfg.run.seed), ("data.seed", d.seed), ("eval.seed", e.seed),

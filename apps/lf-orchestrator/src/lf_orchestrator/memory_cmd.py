@@ -57,7 +57,7 @@ def _plan(cfg, graph, spec: Optional[str], gpus: Optional[int], gpu: str, gpus_p
     from lf_orchestrator.families import FAMILY_RECIPES
     from lf_orchestrator.families._plan import auto_plan, manual_plan, spec_plan
     from lf_parallel import Plan, check_plan, choose_plan
-    from lf_parallel._plan import parse_plan
+    from lf_parallel._plan import PlanError, parse_plan
 
     if spec is not None:
         plan = spec_plan(spec, cfg, precision=precision) if cfg else parse_plan(spec, precision=precision)
@@ -68,13 +68,17 @@ def _plan(cfg, graph, spec: Optional[str], gpus: Optional[int], gpu: str, gpus_p
         plan = msgspec.structs.replace(plan, precision=precision)
     elif cfg is not None and cfg.parallel.plan == "manual":
         plan = manual_plan(cfg, precision=precision)
+        if gpus is not None and gpus != plan.world_size:
+            what = f"parallel.spec {cfg.parallel.spec!r}" if cfg.parallel.spec else f"parallel.dp = {cfg.parallel.dp}"
+            raise PlanError(f"{what} is a plan for {plan.world_size} GPU(s), not --gpus {gpus}: pass --plan to "
+                            f"estimate another plan on {gpus} GPUs")
     elif cfg is not None:  # parallel.plan = "auto": what the trainer picks on these GPUs
         world = gpus or 1
         cluster = resolve_cluster(world, gpus_per_node, gpu, inter)
         plan, _ = auto_plan(cfg, graph, cluster, world_size=world, seq=tokens, precision=precision)
         plan = msgspec.structs.replace(plan, precision=precision)
-    else:
-        plan = parse_plan("dp=1", precision=precision)
+    else:  # no run config: data parallel over the GPUs asked for
+        plan = parse_plan(f"dp={gpus or 1}", precision=precision)
     world = gpus or plan.world_size
     batch = cfg.train.global_batch if cfg is not None else plan.global_batch
     # the plan must run on these GPUs and divide this model (heads, widths, layers), as before a launch
@@ -99,7 +103,7 @@ def _auto_estimate(cfg, graph, plan, tokens: int, precision: str):
     if cfg is None or cfg.memory.budget_gib <= 0:
         got = "no run config" if cfg is None else f"memory.budget_gib = {cfg.memory.budget_gib}"
         raise ValueError(f"--recompute auto: lf-memory's planner picks per block under memory.budget_gib, so it "
-                         f"needs a run CONFIG with memory.budget_gib > 0 (got {got}); or pass --recompute none, "
+                         f"needs memory.budget_gib > 0 in the run CONFIG (got {got}); or pass --recompute none, "
                          f"selective, full or every_k")
     none = estimate_memory(graph, plan, seq=tokens, precision=precision, recompute="none")
     family, dtype_bytes = SimpleNamespace(graph=graph, seq_len=tokens), 4 if precision == "fp32" else 2
