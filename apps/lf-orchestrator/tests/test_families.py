@@ -90,6 +90,28 @@ def test_llm_resume_is_exact(corpus_dir, tmp_path):
     assert [part[s] for s in range(1, 9)] == [full[s] for s in range(1, 9)]
 
 
+def _lrs(run_dir: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train/lr"] for r in rows if "train/lr" in r}
+
+
+def test_resume_with_more_steps_follows_the_new_schedule(corpus_dir, tmp_path):
+    """Oracle: a fresh 8-step run's learning rates. A 4-step run resumed with train.steps=8 uses the 8-step cosine
+    schedule from step 5 on (before: step 5 took the 4-step schedule's floor)."""
+    ctx = init_distributed("cpu")
+    RecipeTrainer(_llm(corpus_dir, "train.steps=8", "train.ckpt_every=4", "eval.at_end=false"), tmp_path / "full",
+                  ctx).fit()
+    RecipeTrainer(_llm(corpus_dir, "train.steps=4", "train.ckpt_every=4", "eval.at_end=false"), tmp_path / "part",
+                  ctx).fit()
+    resumed = RecipeTrainer(_llm(corpus_dir, "train.steps=8", "train.ckpt_every=4", "eval.at_end=false"),
+                            tmp_path / "part", ctx, resume=True)
+    resumed.fit()
+    full, part = _lrs(tmp_path / "full"), _lrs(tmp_path / "part")
+    assert sorted(part) == list(range(1, 9))
+    assert [part[s] for s in range(5, 9)] == pytest.approx([full[s] for s in range(5, 9)], rel=1e-12)
+    assert part[5] > part[4]  # the 4-step run had decayed to its floor; the 8-step schedule is mid-way
+
+
 def test_lora_changes_only_adapters(corpus_dir, tmp_path):
     """train.lora_rank = 4 on q and v: after 3 steps every base weight equals its initial value, every
     lora_a / lora_b of the wrapped linears moved (lora_b starts at zero)."""

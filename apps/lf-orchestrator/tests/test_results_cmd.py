@@ -58,3 +58,14 @@ def test_default_out_is_the_run_folder(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "default: RUN_DIR itself" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("name", ["../escape", "", ".hidden", "sub/x"])
+def test_name_must_be_a_plain_file_stem(tmp_path, capsys, name):
+    """Oracle: write_results' contract (a plain stem; --out picks the folder): exit 2 naming --name, nothing
+    written inside or outside the run folder."""
+    run = _run_folder(tmp_path / "run")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert main([str(run), "--name", name]) == 2
+    assert f"error: --name {name!r}: expected a plain file stem" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before

@@ -91,7 +91,11 @@ def write_results(run_dir: Path, name: str, out_dir: Path | None = None, extra: 
         FileNotFoundError: as :func:`summarize` (nothing is written).
         FileExistsError: ``out_dir/{name}.json`` is a file other than an earlier result of this name (e.g. the
             run's own ``summary.json`` for ``name = "summary"``).
+        ValueError: ``name`` is not a plain file stem (empty, starts with a dot, or holds a path separator).
     """
+    if not name or name.startswith(".") or "/" in name or "\\" in name:
+        raise ValueError(f"--name {name!r}: expected a plain file stem such as llama3_8b_h200x2 (no folders, not "
+                         f"empty, no leading dot); --out chooses the folder")
     out_dir = Path(run_dir if out_dir is None else out_dir)
     summary = {"name": name, **(extra or {}), **summarize(run_dir)}
     json_path = out_dir / f"{name}.json"
@@ -132,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         extra[key] = value
     try:
         json_path, png = write_results(args.run_dir, args.name, args.out, extra)
-    except (FileNotFoundError, FileExistsError) as err:
+    except (FileNotFoundError, FileExistsError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     s = json.loads(json_path.read_text())

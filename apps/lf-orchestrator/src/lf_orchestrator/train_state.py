@@ -73,10 +73,12 @@ def restore_training_state(trainer, path: Path) -> str | None:
     saved = state["scheduler"]
     if len(saved["base_lrs"]) == len(trainer.optimizer.param_groups):
         trainer.scheduler.load_state_dict(saved)
-    else:  # another plan groups the parameters differently (tensor kinds); the schedule is a function of the step
-        trainer.scheduler.last_epoch = saved["last_epoch"]
-        factor = trainer.scheduler.lr_lambdas[0](saved["last_epoch"])
-        trainer.scheduler._last_lr = [base * factor for base in trainer.scheduler.base_lrs]
+    # The schedule is a function of the step (and of this run's train.steps, which a resume may raise): the next
+    # LR comes from this run's schedule at the saved step, not from the saved one (another plan may also group the
+    # parameters differently, by tensor kind)
+    trainer.scheduler.last_epoch = saved["last_epoch"]
+    factor = trainer.scheduler.lr_lambdas[0](saved["last_epoch"])
+    trainer.scheduler._last_lr = [base * factor for base in trainer.scheduler.base_lrs]
     for group, lr in zip(trainer.optimizer.param_groups, trainer.scheduler.get_last_lr(), strict=True):
         group["lr"] = lr  # ZeRO-1's wrapper groups are not in the (local) optimizer state
     sampler, note = reshard_sampler(state["sampler"], trainer.dp_rank, trainer.plan.dp)
