@@ -124,3 +124,17 @@ def test_trained_phrase_names_the_resumed_steps():
     assert trained_phrase({"steps": 1500, "resumed_from": 0, "seconds": 567.6}) == "trained 1500 steps in 568 s"
     assert trained_phrase({"steps": 1500, "resumed_from": 500, "seconds": 412.2}) == (
         "trained steps 501-1500 in 412 s (resumed from step 500)")
+
+
+def test_too_few_samples_for_a_micro_batch_names_the_fields():
+    """Oracle: the sampler's rule (each dp rank needs one full micro-batch): 15 samples, 2 ranks x 8 is refused
+    naming train.global_batch and the data selection; 16 samples pass."""
+    from lf_orchestrator.config import ConfigError
+    from lf_orchestrator.fit import check_enough_samples
+
+    plan = SimpleNamespace(dp=2, micro_batch=8)
+    cfg = SimpleNamespace(train=SimpleNamespace(global_batch=16))
+    with pytest.raises(ConfigError, match=r"train.global_batch = 16 takes micro-batches of 8 sample\(s\) on each of 2 "
+                                          r"data-parallel rank\(s\), but the data gives 15 training sample\(s\)"):
+        check_enough_samples(15, plan, cfg)
+    check_enough_samples(16, plan, cfg)

@@ -55,6 +55,21 @@ def lr_schedule(optimizer: torch.optim.Optimizer, train) -> torch.optim.lr_sched
         step, warmup=train.warmup_steps, total=train.steps, min_ratio=train.min_lr_ratio))
 
 
+def check_enough_samples(num_samples: int, plan, cfg) -> None:
+    """Refuse a data selection too small for one micro-batch per data-parallel rank, naming the fields to change.
+
+    Raises:
+        ConfigError: ``num_samples // plan.dp < plan.micro_batch`` (the sampler could not fill one micro-batch).
+    """
+    from lf_orchestrator.config import ConfigError
+
+    if num_samples // max(plan.dp, 1) < plan.micro_batch:
+        raise ConfigError(f"train.global_batch = {cfg.train.global_batch} takes micro-batches of {plan.micro_batch} "
+                          f"sample(s) on each of {plan.dp} data-parallel rank(s), but the data gives {num_samples} "
+                          f"training sample(s) (selected by data.tasks, data.max_steps, data.episodes_per_task); "
+                          f"lower train.global_batch / parallel.micro_batch or select more data")
+
+
 def apply_update(trainer) -> float:
     """Apply the step's (unscaled, clipped, finite) gradients: optimizer step through the loss scaler, zeroed
     gradients, the LR schedule advanced unless fp16 scaling skipped the update, ``trainer.step`` + 1.

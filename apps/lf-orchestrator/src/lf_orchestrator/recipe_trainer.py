@@ -52,7 +52,7 @@ from lf_orchestrator.families._state import FamilyCheckpointer, latest_checkpoin
 from lf_orchestrator.families.base import LossModule
 from lf_orchestrator.families.lora import apply_lora, freeze
 from lf_orchestrator.faults import nonfinite_reason
-from lf_orchestrator.fit import StepCallback, apply_update, fit_loop, lr_schedule, trained_phrase
+from lf_orchestrator.fit import StepCallback, apply_update, check_enough_samples, fit_loop, lr_schedule, trained_phrase
 from lf_orchestrator.train_state import restore_training_state, save_training_state
 from lf_parallel import DistContext, build_mesh, global_sum, parallelize
 
@@ -169,6 +169,7 @@ class RecipeTrainer:
         t = cfg.train
         self.scheduler = lr_schedule(self.optimizer, t)
         self.scaler = DynamicLossScaler(ctx.device.type, enabled=self.precision.needs_loss_scaling)
+        check_enough_samples(self.family.num_samples, self.plan, cfg)
         self.sampler = ResumableSampler(self.family.num_samples, batch_size=self.plan.micro_batch, seed=cfg.run.seed,
                                         rank=self.dp_rank, world_size=self.plan.dp)
         self.step = 0

@@ -47,7 +47,7 @@ from lf_orchestrator.families._faults import check_finite_weights, nonfinite_ste
 from lf_orchestrator.families._metaworld import dataset_selection
 from lf_orchestrator.families._state import FamilyCheckpointer
 from lf_orchestrator.faults import nonfinite_reason
-from lf_orchestrator.fit import StepCallback, apply_update, fit_loop, lr_schedule
+from lf_orchestrator.fit import StepCallback, apply_update, check_enough_samples, fit_loop, lr_schedule
 from lf_orchestrator.train_state import restore_training_state, save_training_state
 from lf_parallel import DistContext, Plan, apply_data_parallel, check_plan, choose_plan, global_sum
 
@@ -149,6 +149,7 @@ class Trainer:
         self.scaler = DynamicLossScaler(ctx.device.type, enabled=self.precision.needs_loss_scaling)
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg)
         self.dp_rank = ctx.rank  # data parallel only: every rank is a dp rank
+        check_enough_samples(len(self.dataset), self.plan, cfg)
         self.sampler = ResumableSampler(len(self.dataset), batch_size=self.plan.micro_batch,
                                         seed=cfg.run.seed, rank=self.dp_rank, world_size=self.plan.dp)
         self.step = 0
