@@ -183,3 +183,18 @@ def test_vlm_seq_applies_to_the_language_model():
 
     graph, tokens, _ = resolve_model(None, "qwen2_vl", "7B", 512)
     assert tokens == 512 and graph.component("text").seq_len == 512
+
+
+def test_plan_and_memory_need_no_data_on_disk(tmp_path, monkeypatch):
+    """Oracle: the config's own sample sizes (no dataset read). From a folder without `.lf-cache/`, `lf plan` and
+    `lf memory` on the Qwen2-VL full config answer; loading it for a run still refuses the missing data.path."""
+    from lf_orchestrator.config import ConfigError, load_config
+
+    monkeypatch.chdir(tmp_path)
+    cfg = EXAMPLES / "full" / "qwen2_vl_7b.toml"
+    out = runner.invoke(app, ["plan", str(cfg), "--gpus", "2", "--gpu", "h200", "--json"])
+    assert out.exit_code == 0, out.output
+    out = runner.invoke(app, ["memory", str(cfg), "--gpus", "2", "--gpu", "h200", "--json"])
+    assert out.exit_code == 0, out.output
+    with pytest.raises(ConfigError, match="data.path: no LeRobot dataset"):
+        load_config(cfg)

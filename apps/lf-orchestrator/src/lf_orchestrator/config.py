@@ -290,8 +290,10 @@ def _explain(err: msgspec.ValidationError, where: str, tree: dict[str, Any] | No
     return ConfigError(f"{where}: {at or 'config'}: {msg.lower().replace('`', '')}")
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read ``path`` (or the embedded default), apply ``--set`` overrides, validate.
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, *,
+                check_paths: bool = True) -> Config:
+    """Read ``path`` (or the embedded default), apply ``--set`` overrides, validate. ``check_paths=False`` skips the
+    checks that need the run's data on disk (``lf plan`` / ``lf memory`` plan ahead of it).
 
     Raises:
         ConfigError: unreadable file, bad TOML, unknown key, wrong type or bad value;
@@ -322,7 +324,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         cfg = msgspec.convert(tree, Config)
     except msgspec.ValidationError as err:
         raise _explain(err, where, tree) from None
-    return check_config(cfg, where)
+    return check_config(cfg, where, check_paths=check_paths)
 
 
 def _require(ok: bool, where: str, key: str, expected: str, got: Any) -> None:
@@ -330,8 +332,8 @@ def _require(ok: bool, where: str, key: str, expected: str, got: Any) -> None:
         raise ConfigError(f"{where}: {key}: expected {expected}, got {got!r}")
 
 
-def check_config(cfg: Config, where: str = "config") -> Config:
-    """Range checks and paths that must exist; ConfigError naming the key otherwise."""
+def check_config(cfg: Config, where: str = "config", *, check_paths: bool = True) -> Config:
+    """Range checks and (with ``check_paths``) paths that must exist; ConfigError naming the key otherwise."""
     t, d, e = cfg.train, cfg.data, cfg.eval
     for key, value in [("train.steps", t.steps), ("train.global_batch", t.global_batch),
                        ("train.log_every", t.log_every),
@@ -380,7 +382,7 @@ def check_config(cfg: Config, where: str = "config") -> Config:
              where, "run.name", "a non-empty folder name without '/' that does not start with '-'", name)
     _require(d.action_horizon <= d.max_steps, where, "data.action_horizon",
              f"at most data.max_steps ({d.max_steps})", d.action_horizon)
-    if d.source == "lerobot" and not (Path(d.path) / "meta" / "info.json").is_file():
+    if check_paths and d.source == "lerobot" and not (Path(d.path) / "meta" / "info.json").is_file():
         raise ConfigError(f"{where}: data.path: no LeRobot dataset at '{d.path}' "
                           f"(expected {Path(d.path) / 'meta' / 'info.json'})")
     _require(len(d.tasks) > 0, where, "data.tasks", "at least one task", d.tasks)

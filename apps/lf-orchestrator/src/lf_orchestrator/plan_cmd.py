@@ -97,12 +97,13 @@ def _run_sample(cfg) -> tuple[int | None, dict]:
 
 
 def load_run_config(config: Optional[Path]):
-    """The decoded run config, or None without one (ConfigError from the file)."""
+    """The decoded run config, or None without one (ConfigError from the file). The run's data need not exist
+    yet: planning sizes the sample from the config alone (:func:`_run_sample`)."""
     if config is None:
         return None
     from lf_orchestrator.config import load_config
 
-    return load_config(config)
+    return load_config(config, check_paths=False)
 
 
 def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[str], seq: Optional[int],
