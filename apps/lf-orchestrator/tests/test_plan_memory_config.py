@@ -198,3 +198,12 @@ def test_plan_and_memory_need_no_data_on_disk(tmp_path, monkeypatch):
     assert out.exit_code == 0, out.output
     with pytest.raises(ConfigError, match="data.path: no LeRobot dataset"):
         load_config(cfg)
+
+
+@pytest.mark.parametrize("args", [["memory", "--gpus", "0"], ["plan", "--seq", "0", "--gpus", "1"],
+                                  ["memory", "--seq", "0"]])
+def test_zero_gpus_or_tokens_are_refused_by_name(args):
+    """Oracle: the options' documented ranges (>= 1): exit 2 naming the flag (before: --gpus 0 was accepted by
+    lf memory and --seq 0 silently meant the recipe's default)."""
+    out = runner.invoke(app, [*args, "--recipe", "llama3", "--size", "tiny"])
+    assert out.exit_code == 2 and f"'{args[1]}'" in out.output, out.output
