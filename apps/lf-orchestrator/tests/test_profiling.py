@@ -71,6 +71,7 @@ def test_fit_loop_profiles_the_window(tmp_path):
     summary = json.loads((out / "rank0_summary.json").read_text())
     assert (summary["first_step"], summary["last_step"], summary["steps"]) == (2, 3, 2)
     assert summary["wall_s_per_step"] > 0 and summary["kernel_s_per_step"] == {}  # no GPU kernels on a CPU
+    assert summary["gpu"] is False and summary["busy_s_per_step"] is None and summary["idle_s_per_step"] is None
     assert "aten::mm" in (out / "rank0_ops.txt").read_text()
     assert (out / "rank0_trace.json.gz").stat().st_size > 0 and not (out / "rank0_trace.json").exists()
 

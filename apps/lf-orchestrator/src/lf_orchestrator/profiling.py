@@ -6,7 +6,8 @@ steps ``first..last`` (1-based, inclusive) on every rank and writes into ``<run>
 - ``rank{r}_summary.json``: the profiled steps' wall time per step (s, host clock), the GPU kernel time per
   step by category (matmul, attention, collective communication (NCCL), optimizer, other), the time some
   kernel ran (the union of kernel intervals over all streams), the communication time no compute kernel
-  overlapped (*exposed* communication), the GPU idle time per step, and the 25 kernels with the most time;
+  overlapped (*exposed* communication), the GPU idle time per step, and the 25 kernels with the most time
+  (``gpu: false`` on a CPU run, whose busy / idle / exposed fields are null);
 - ``rank{r}_ops.txt``: ``key_averages()`` as a table, sorted by device time (CPU time on the CPU);
 - ``rank0_trace.json.gz`` (rank 0 only): the Chrome / Perfetto trace of those steps.
 
@@ -171,7 +172,10 @@ class StepProfiler:
         self.out.mkdir(parents=True, exist_ok=True)
         kernels = kernel_intervals(prof.events(), DeviceType.CUDA)
         summary = {"first_step": self.first, "last_step": self.first + steps - 1, "rank": self.rank,
-                   **summarize_kernels(kernels, steps, wall_s)}
+                   "gpu": self.cuda, **summarize_kernels(kernels, steps, wall_s)}
+        if not self.cuda:  # no GPU timeline: busy / idle / exposed figures would read as a 100%-idle GPU
+            for key in ("busy_s_per_step", "idle_s_per_step", "exposed_communication_s_per_step"):
+                summary[key] = None
         from lf_orchestrator.checkpoint import write_text_atomic
 
         write_text_atomic(self.out / f"rank{self.rank}_summary.json", json.dumps(summary, indent=1))
