@@ -55,25 +55,6 @@ def _union_s(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def _uncovered_s(intervals: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
-    """Time inside ``intervals`` (their union) that no interval of ``cover`` overlaps."""
-    merged: list[list[float]] = []
-    for a, b in sorted(cover):
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    both = []
-    for a, b in intervals:
-        for c, d in merged:
-            if c >= b:
-                break
-            lo, hi = max(a, c), min(b, d)
-            if lo < hi:
-                both.append((lo, hi))
-    return _union_s(intervals) - _union_s(both)
-
-
 def kernel_intervals(events, device_type) -> list[tuple[str, float, float]]:
     """``(name, start_s, end_s)`` of the GPU kernels among profiler ``events`` (``FunctionEvent``s).
 
@@ -98,15 +79,16 @@ def summarize_kernels(kernels: list[tuple[str, float, float]], steps: int, wall_
     """
     per = 1.0 / steps
     by_cat: dict[str, float] = {}
-    by_name: dict[str, list[float]] = {}
+    by_name: dict[str, list] = {}
+    compute = []
     for name, a, b in kernels:
         cat = kernel_category(name)
         by_cat[cat] = by_cat.get(cat, 0.0) + (b - a)
-        entry = by_name.setdefault(name, [0.0, 0])
+        entry = by_name.setdefault(name, [0.0, 0, cat])
         entry[0] += b - a
         entry[1] += 1
-    comm = [(a, b) for n, a, b in kernels if kernel_category(n) == "communication"]
-    compute = [(a, b) for n, a, b in kernels if kernel_category(n) != "communication"]
+        if cat != "communication":
+            compute.append((a, b))
     busy = _union_s([(a, b) for _, a, b in kernels])
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:25]
     return {
@@ -115,9 +97,10 @@ def summarize_kernels(kernels: list[tuple[str, float, float]], steps: int, wall_
         "kernel_s_per_step": {c: t * per for c, t in sorted(by_cat.items(), key=lambda kv: -kv[1])},
         "busy_s_per_step": busy * per,
         "idle_s_per_step": max(wall_s - busy, 0.0) * per,
-        "exposed_communication_s_per_step": _uncovered_s(comm, compute) * per,
-        "top_kernels": [{"name": n[:160], "category": kernel_category(n), "calls": int(c / steps),
-                         "total_s_per_step": t * per} for n, (t, c) in top],
+        # communication time no compute kernel overlapped: busy time minus the time some compute kernel ran
+        "exposed_communication_s_per_step": (busy - _union_s(compute)) * per,
+        "top_kernels": [{"name": n[:160], "category": cat, "calls": int(c / steps), "total_s_per_step": t * per}
+                        for n, (t, c, cat) in top],
     }
 
 

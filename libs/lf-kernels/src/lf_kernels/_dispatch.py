@@ -19,7 +19,7 @@ can ask on a CPU what a CUDA call would take. Order of preference on CUDA:
    mask built once per ``document_ids`` tensor (:mod:`lf_kernels._flex`), Flex beat the FlashAttention-2
    varlen kernel on an H200 (torch 2.11, bf16 fwd+bwd, ``bench/results/varlen_docs_h200.json``): Llama-3
    rows of 8,192 tokens in documents of ~85 tokens 0.95 vs 1.71 ms, of ~1,365 tokens 2.14 vs 3.08 ms,
-   8 images x 1,024 patches (16 x 80 heads) 1.06 vs 1.60 ms; building the mask costs ~3.4 ms once per pass.
+   8 images x 1,024 patches (16 x 80 heads) 1.06 vs 1.60 ms; building the mask costs 2.0-3.4 ms once per pass.
    Flex compiles once per shape; a run whose lengths change every batch may prefer varlen (below).
 4. ``"flash_varlen"`` (where FlexAttention is missing): packed documents with ``full`` / ``causal``,
    ``q_len == kv_len``, no padding, no log-sum-exp, fp16 / bf16, when a varlen kernel exists (the

@@ -132,7 +132,7 @@ class VLMFamily(Family):
 
     def _logits(self, model, batch) -> torch.Tensor:
         return model(batch["input_ids"], pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"],
-                     attention_mask=batch["attention_mask"], position_ids=batch.get("position_ids"))
+                     attention_mask=batch["attention_mask"], position_ids=batch["position_ids"])
 
     def loss_sum(self, model, batch):
         logits = self._logits(model, batch).float()
