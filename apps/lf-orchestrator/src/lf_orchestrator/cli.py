@@ -159,25 +159,43 @@ def run(config: Annotated[Optional[Path], typer.Argument(
         _fail(str(err))
     from lf_orchestrator.run_folder import RunFolder
 
+    exit_code = 0
     try:  # the folder is locked for the run (rank 0) and removed if the run fails leaving only its config
-        with RunFolder(ctx) as folder:
-            if run_dir is not None:
-                folder.claim(run_dir, created=False)
-                resume = _resume_point(run_dir, ctx)
-            elif resume is not None:
-                folder.claim(resume, created=False)
-            else:
-                run_dir = folder.claim(_new_run_dir(cfg, ctx), created=True)
-            if cfg.model.recipe in FAMILY_RECIPES:  # llm / vlm / video: the recipe trainer
-                from lf_orchestrator.recipe_trainer import run_family
+        try:
+            with RunFolder(ctx) as folder:
+                if run_dir is not None:
+                    folder.claim(run_dir, created=False)
+                    resume = _resume_point(run_dir, ctx)
+                elif resume is not None:
+                    folder.claim(resume, created=False)
+                else:
+                    run_dir = folder.claim(_new_run_dir(cfg, ctx), created=True)
+                if cfg.model.recipe in FAMILY_RECIPES:  # llm / vlm / video: the recipe trainer
+                    from lf_orchestrator.recipe_trainer import run_family
 
-                run_family(cfg, ctx, resume, run_dir, console, _new_run_dir)
-            else:
-                _train_and_eval(cfg, ctx, resume, run_dir)
-    except (ConfigError, PlanError, IRError, ValueError, FileNotFoundError) as err:
-        _fail(str(err))
+                    run_family(cfg, ctx, resume, run_dir, console, _new_run_dir)
+                else:
+                    _train_and_eval(cfg, ctx, resume, run_dir)
+        except (ConfigError, PlanError, IRError, ValueError, FileNotFoundError) as err:
+            _fail(str(err))
+    except typer.Exit as stop:  # a refused run (2) or a preempted one (143 / 130)
+        exit_code = stop.exit_code
     finally:
         shutdown(ctx)
+    _leave(ctx, exit_code)
+
+
+def _leave(ctx, code: int) -> None:
+    """End `lf run` with ``code``. A multi-process CPU (gloo) run leaves without interpreter finalization: there
+    gloo's threads can still hold tensors and abort the process ("terminate called without an active exception",
+    SIGABRT) after a run that succeeded, seen with torch 2.13 on CPU (pytorch/pytorch#179291 describes the
+    finalization crash). Everything is written, the process group destroyed and the output flushed by then."""
+    if ctx.distributed and ctx.device.type == "cpu":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    if code:
+        raise typer.Exit(code)
 
 
 def _resume_point(run_dir: Path, ctx) -> Optional[Path]:
