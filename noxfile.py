@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import nox
 
 nox.options.sessions = ["lint", "tests"]
@@ -42,11 +44,18 @@ def _install(session: nox.Session, lib: str) -> str:
 @nox.session
 @nox.parametrize("lib", list(LIBS))
 def tests(session: nox.Session, lib: str) -> None:
-    """Run one library's tests with only it and its declared dependencies installed."""
-    folder = _install(session, lib)
-    session.env.setdefault("MUJOCO_GL", "osmesa")
-    session.run("python", "-m", "pytest", f"{folder}/tests", "-q", "-rs", "-p", "no:cacheprovider",
-                *session.posargs)
+    """Run one library's tests with only it and its declared dependencies installed.
+
+    The virtualenv (torch alone is ~1 GB) is deleted when the session ends, pass or fail, so the whole suite
+    needs the disk of one session at a time, not seven.
+    """
+    try:
+        folder = _install(session, lib)
+        session.env.setdefault("MUJOCO_GL", "osmesa")
+        session.run("python", "-m", "pytest", f"{folder}/tests", "-q", "-rs", "-p", "no:cacheprovider",
+                    *session.posargs)
+    finally:
+        shutil.rmtree(session.virtualenv.location, ignore_errors=True)
 
 
 @nox.session

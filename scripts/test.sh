@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/ensure-osmesa.sh
+# Each library's session installs torch (~1 GB) into a fresh virtualenv (deleted when it ends): say how much disk
+# there is, so a "No space left on device" in the log is read as the machine's, not the code's.
+echo "disk free where the sessions run: $(df -h --output=avail . | tail -n 1 | tr -d ' ')" >&2
 # A one-node Slurm cluster on localhost, so `lf launch --backend slurm` runs a real job in the tests
 # (best effort: without root or the Debian packages that one test is skipped, and says so).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
