@@ -58,8 +58,8 @@ def _budget_between(trainer: RecipeTrainer) -> tuple[float, int, int]:
     seq = {trunk_component(graph): trainer.family.seq_len}
     none = plan_recompute(graph, 2**62, plan.micro_batch, seq, 4, options=("none", "full")).saved_bytes
     full = plan_recompute(graph, 0, plan.micro_batch, seq, 4).saved_bytes
-    states = estimate_memory(graph, plan, seq=trainer.family.seq_len, precision="fp32")
-    return (states.params + states.grads + states.optimizer + (none + full) // 2) / 2**30, none, full
+    states = estimate_memory(graph, plan, seq=trainer.family.seq_len, precision="fp32", recompute="full")
+    return (states.backward_peak - states.activations + (none + full) // 2) / 2**30, none, full
 
 
 def _run_auto_against_none(config: Path, sets: list[str], tmp_path: Path) -> dict:
@@ -105,14 +105,15 @@ def test_video_auto_recompute_plans_blocks_within_the_budget_and_matches_none(da
 
 
 def test_auto_recompute_that_cannot_fit_names_the_budget(tmp_path):
-    """A budget below the weights and optimizer state: `lf run` fails before training, naming the key."""
+    """A budget below the weights, gradients and optimizer state: `lf run` fails before training, naming the key
+    and the optimizer step's bytes."""
     config, sets = _llm(tmp_path)
     args = ["run", str(config), "--run-dir", str(tmp_path / "run")]
     for item in [*sets, "memory.recompute='auto'", "memory.budget_gib=0.001"]:
         args += ["--set", item]
     result = CliRunner().invoke(app, args)
     assert result.exit_code != 0
-    assert "memory.budget_gib: 0.001 GiB" in result.output and "full recomputation" in result.output
+    assert "memory.budget_gib: 0.001 GiB" in result.output and "whatever is recomputed" in result.output
 
 
 def test_pipeline_ranks_plan_their_own_blocks_with_the_micro_batches_in_flight():

@@ -3,9 +3,11 @@
 :func:`plan_family_recompute` plans one option per block (``none`` / ``selective`` / ``selective_attn`` /
 ``full``, :func:`lf_memory.plan_recompute`) for the blocks this rank runs, at the plan's micro-batch and the
 family's sequence length (its main component's tokens per sample; other components keep their graph
-``seq_len``), in the compute dtype's bytes. The activation budget is ``memory.budget_gib`` less what the
-weights, gradients and AdamW state of this rank take (:func:`lf_memory.estimate_memory` under the plan:
-16 bytes per parameter, divided by TP and ZeRO sharding, as the VLA trainer's 16 bytes per parameter).
+``seq_len``), in the compute dtype's bytes. The activation budget is ``memory.budget_gib`` less everything else
+this rank holds with its activations at the start of backward (:attr:`lf_memory.MemoryEstimate.backward_peak`
+less the activations, under the plan: weights, the gradients written by then, AdamW state, low-precision
+working copies, communication buffers, and the temporaries of a recomputed block and the loss head), so the
+peak that ``lf memory`` predicts for the chosen plan stays within the budget.
 
 Under pipeline parallel (``plan.pp > 1``) the planned graph is this pipeline rank's stages only (its slices
 of the trunk, and the encoders on stage 0), with the micro-batches its schedule keeps in flight
@@ -71,10 +73,16 @@ def plan_family_recompute(cfg, family, plan, dtype_bytes: int, *, pp_rank: int =
 
     graph = family.graph
     seq = {trunk_component(graph): int(family.seq_len) // plan.cp}  # a cp rank holds 1/cp of the tokens
+    # recompute="full": the temporaries then include one re-materialized block, the most any plan holds
     states = estimate_memory(graph, plan, seq=int(family.seq_len), precision=_prec(dtype_bytes),
-                             stage=pp_rank if plan.pp > 1 else None)
-    fixed = states.params + states.grads + states.optimizer
-    budget = int(cfg.memory.budget_gib * 2**30) - fixed
+                             recompute="full", stage=pp_rank if plan.pp > 1 else None)
+    fixed = states.backward_peak - states.activations
+    total = int(cfg.memory.budget_gib * 2**30)
+    if states.optimizer_peak > total:
+        raise ConfigError(f"memory.budget_gib: {cfg.memory.budget_gib} GiB is less than the optimizer step's "
+                          f"{states.optimizer_peak / 2**30:.4f} GiB of weights, gradients, AdamW state and "
+                          f"communication buffers, whatever is recomputed")
+    budget = total - fixed
     in_flight = 1
     if plan.pp > 1:
         graph = _rank_graph(graph, plan, pp_rank)
@@ -83,7 +91,8 @@ def plan_family_recompute(cfg, family, plan, dtype_bytes: int, *, pp_rank: int =
     result = plan_recompute(graph, max(budget, 0), plan.micro_batch, seq, dtype_bytes, in_flight=in_flight)
     if not result.fits:
         raise ConfigError(f"memory.budget_gib: {cfg.memory.budget_gib} GiB leaves {budget / 2**30:.4f} GiB for "
-                         f"activations after {fixed / 2**30:.4f} GiB of weights, gradients and AdamW state, but "
+                         f"activations after {fixed / 2**30:.4f} GiB of weights, gradients, AdamW state, working "
+                         f"copies, temporaries and buffers, but "
                          f"even full recomputation keeps {result.saved_bytes / 2**30:.4f} GiB (micro-batch "
                          f"{plan.micro_batch}, {seq} tokens per sample)")
     return result
