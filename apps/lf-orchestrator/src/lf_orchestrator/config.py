@@ -64,6 +64,9 @@ class DataSection(_Section):
     """Action steps predicted per sample (action chunk)."""
     max_instruction_len: int = 8
     """Instruction tokens per sample."""
+    prefetch: bool = True
+    """Collate the next step's micro-batches on a background thread while this step trains (pinned memory on
+    CUDA); the batches are the same either way (``lf_orchestrator.prefetch``)."""
 
 
 class ActionTokenizerSection(_Section):

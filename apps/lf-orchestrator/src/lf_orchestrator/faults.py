@@ -161,6 +161,8 @@ def apply_nonfinite_policy(trainer, reason: str, grad_norm: float) -> dict[str, 
         raise NonFiniteError(f"step {step}: non-finite {reason} (train.on_nonfinite = 'rollback'): "
                              + ("no checkpoint to roll back to" if ckpt is None
                                 else f"already rolled back to {ckpt} {MAX_ROLLBACKS} times"))
+    if getattr(trainer, "prefetcher", None) is not None:
+        trainer.prefetcher.discard()  # the step drawn ahead is drawn again after the rollback
     position = trainer.sampler.state_dict()  # kept: the batches since the checkpoint are not replayed
     trainer._restore(ckpt)
     trainer.sampler.load_state_dict(position)

@@ -163,6 +163,8 @@ def fit_loop(trainer, on_step: StepCallback | None = None, *, step_units: Callab
             if evaluation:
                 logger.log(trainer.step, evaluation)
     finally:
+        if getattr(trainer, "prefetcher", None) is not None:
+            trainer.prefetcher.close()  # a step drawn ahead of a stop is not kept
         profiler.close()
         trainer.checkpointer.wait()  # a failed step still leaves the save in flight committed
         logger.close()

@@ -53,6 +53,7 @@ from lf_orchestrator.families.base import LossModule
 from lf_orchestrator.families.lora import apply_lora, freeze
 from lf_orchestrator.faults import nonfinite_reason
 from lf_orchestrator.fit import StepCallback, apply_update, check_enough_samples, fit_loop, lr_schedule, trained_phrase
+from lf_orchestrator.prefetch import make_prefetcher
 from lf_orchestrator.train_state import restore_training_state, save_training_state
 from lf_parallel import DistContext, build_mesh, global_sum, parallelize
 
@@ -184,6 +185,7 @@ class RecipeTrainer:
         if ckpt is not None:
             self._restore(ckpt)
         self._indices = iter(self.sampler)
+        self.prefetcher = make_prefetcher(self, self._host_micro_batch)
 
     @property
     def state_module(self) -> nn.Module:
@@ -232,10 +234,14 @@ class RecipeTrainer:
         check_finite_weights(self.state_module, self.ctx, self.step, self.run_dir)
         return save_training_state(self)
 
-    def _micro_batch(self) -> dict[str, torch.Tensor]:
+    def _host_micro_batch(self, step: int) -> dict[str, torch.Tensor]:
         idx = [next(self._indices) for _ in range(self.plan.micro_batch)]
-        batch = self.family.collate(idx, self.step)
-        return {k: v.to(self.ctx.device, non_blocking=True) for k, v in batch.items()}
+        return self.family.collate(idx, step)
+
+    def step_batches(self) -> list[dict[str, torch.Tensor]]:
+        """This step's ``grad_accum`` micro-batches on the device (drawn ahead by :attr:`prefetcher`)."""
+        return [{k: v.to(self.ctx.device, non_blocking=True) for k, v in b.items()}
+                for b in self.prefetcher.batches(self.step)]
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step over ``grad_accum`` micro-batches; returns its scalars."""
@@ -243,7 +249,7 @@ class RecipeTrainer:
             from lf_orchestrator.families._pipeline_step import pipeline_train_step
 
             return pipeline_train_step(self)
-        batches = [self._micro_batch() for _ in range(self.plan.grad_accum)]
+        batches = self.step_batches()
         replicas = self.ctx.world_size // self.plan.dp  # tp and cp ranks holding the same samples
         local = sum(int(self.family.normalizer(b)) for b in batches)
         units = global_sum(torch.tensor(float(local), device=self.ctx.device), self.ctx) / replicas

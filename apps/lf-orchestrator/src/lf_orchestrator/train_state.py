@@ -27,6 +27,7 @@ from lf_orchestrator.families._state import (
     rng_state,
     set_rng_state,
 )
+from lf_orchestrator.prefetch import sampler_state
 
 EMPTY_OPTIMIZER = "optimizer_empty"
 """Training-state key: the optimizer had taken no step when saved (step 0)."""
@@ -42,7 +43,7 @@ def save_training_state(trainer) -> Path:
     ctx, plan = trainer.ctx, trainer.plan
     local = _local_optimizer(trainer.optimizer)
     empty = not local.state
-    per_rank = gather_objects((trainer.dp_rank, trainer.sampler.state_dict(), rng_state(ctx.device)),
+    per_rank = gather_objects((trainer.dp_rank, sampler_state(trainer), rng_state(ctx.device)),
                               ctx.distributed)
     samplers = dict((dp_rank, s) for dp_rank, s, _ in per_rank)  # tp ranks repeat their dp rank's
     state = {"step": trainer.step, "scheduler": trainer.scheduler.state_dict(),

@@ -48,6 +48,7 @@ from lf_orchestrator.families._metaworld import dataset_selection
 from lf_orchestrator.families._state import FamilyCheckpointer
 from lf_orchestrator.faults import nonfinite_reason
 from lf_orchestrator.fit import StepCallback, apply_update, check_enough_samples, fit_loop, lr_schedule
+from lf_orchestrator.prefetch import make_prefetcher
 from lf_orchestrator.train_state import restore_training_state, save_training_state
 from lf_parallel import DistContext, Plan, apply_data_parallel, check_plan, choose_plan, global_sum
 
@@ -162,6 +163,7 @@ class Trainer:
             self._restore(ckpt)
         self.ddp_model = apply_data_parallel(self.loss_module, ctx)
         self._indices = iter(self.sampler)
+        self.prefetcher = make_prefetcher(self, self._host_micro_batch)
 
     @property
     def state_module(self) -> nn.Module:
@@ -198,16 +200,21 @@ class Trainer:
         check_finite_weights(self.state_module, self.ctx, self.step, self.run_dir)
         return save_training_state(self)
 
-    def _micro_batch(self) -> dict[str, torch.Tensor]:
+    def _host_micro_batch(self, step: int) -> dict[str, torch.Tensor]:
         idx = [next(self._indices) for _ in range(self.plan.micro_batch)]
         batch = self.encoder.collate([self.dataset[i] for i in idx])
-        batch["sample_seed"] = sample_seeds(self.cfg.run.seed, self.step, idx)
-        batch = {k: v.to(self.ctx.device, non_blocking=True) for k, v in batch.items()}
-        return assembly.fit_images(batch, self.model.cfg.image_size)
+        batch["sample_seed"] = sample_seeds(self.cfg.run.seed, step, idx)
+        return batch
+
+    def step_batches(self) -> list[dict[str, torch.Tensor]]:
+        """This step's ``grad_accum`` micro-batches on the device, images at the model's size (collated ahead
+        by :attr:`prefetcher`)."""
+        return [assembly.fit_images({k: v.to(self.ctx.device, non_blocking=True) for k, v in b.items()},
+                                    self.model.cfg.image_size) for b in self.prefetcher.batches(self.step)]
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step over ``grad_accum`` micro-batches; returns its scalars."""
-        batches = [self._micro_batch() for _ in range(self.plan.grad_accum)]
+        batches = self.step_batches()
         local_tokens = sum(int(self.model.loss_normalizer(b)) for b in batches)
         tokens = global_sum(torch.tensor(float(local_tokens), device=self.ctx.device), self.ctx)
         # DDP averages gradients over ranks, so scale by world size to get sum / global tokens.

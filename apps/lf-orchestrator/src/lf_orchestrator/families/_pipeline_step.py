@@ -185,7 +185,7 @@ def pipeline_train_step(trainer) -> dict[str, float]:
     from lf_orchestrator.recipe_trainer import clip_grad_norm
 
     plan, ctx, pipe = trainer.plan, trainer.ctx, trainer.pipe
-    batches = [trainer._micro_batch() for _ in range(plan.grad_accum)]
+    batches = trainer.step_batches()
     replicas = ctx.world_size // plan.dp  # tp x pp ranks holding the same batch
     local = sum(int(trainer.family.normalizer(b)) for b in batches)
     units = global_sum(torch.tensor(float(local), device=ctx.device), ctx) / replicas
