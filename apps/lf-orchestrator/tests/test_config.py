@@ -94,6 +94,8 @@ def test_early_checks_name_the_key():
     cases = {"data.tasks=['reach-v33']": "data.tasks: unknown Meta-World task 'reach-v33'; did you mean",
              "model.size='huge'": "model.size: expected one of ['3B', 'small', 'tiny'], got 'huge'",
              "model.overrides.bogus=3": "model.overrides: unknown field 'bogus'",
+             "model.overrides={dim=64, mrope=[8, 12, 12]}": "model.overrides.mrope: expected int, got array",
+             "model.overrides={dim=1.5}": "model.overrides.dim: expected int, got float",
              "run.seed=-1": "run.seed: expected a value >= 0, got -1",
              "train.warmup_steps=5000": "train.warmup_steps: expected at most train.steps (1500)",
              "run.name=''": "run.name: expected a non-empty folder name",

@@ -278,6 +278,24 @@ def _lookup(tree: dict[str, Any], key: str) -> Any:
     return node
 
 
+_TOML_TYPES = {"array": list, "str": str, "float": float, "bool": bool, "object": dict, "int": int}
+"""msgspec's name of a value's type (``got `array```) -> the Python type TOML gives it."""
+
+
+def _dict_entry(at: str, msg: str, tree: dict[str, Any]) -> str:
+    """``at`` with its first ``[...]`` (msgspec's mark for "a value of this table") replaced by the key whose value
+    has the type the error says it got, e.g. ``model.overrides[...]`` -> ``model.overrides.mrope_section``."""
+    table_at = at.split("[...]", 1)[0]
+    table = _lookup(tree, table_at.replace("[", ".").replace("]", ""))
+    got = re.search(r"got `(\w+)`", msg)
+    kind = _TOML_TYPES.get(got[1]) if got else None
+    if isinstance(table, dict) and kind is not None:
+        for key, value in table.items():
+            if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+                return f"{table_at}.{key}"
+    return table_at
+
+
 def _explain(err: msgspec.ValidationError, where: str, tree: dict[str, Any] | None = None) -> ConfigError:
     text = str(err)
     m = _UNKNOWN.match(text)
@@ -285,8 +303,11 @@ def _explain(err: msgspec.ValidationError, where: str, tree: dict[str, Any] | No
         key = ".".join(p for p in (m["at"], m["field"]) if p)
         return ConfigError(f"{where}: unknown key '{key}'")
     m = _AT.match(text)
-    at = (m["at"] or "").replace("[", ".").replace("]", "") if m else ""
+    raw_at = (m["at"] or "") if m else ""
     msg = m["msg"] if m else text
+    if "[...]" in raw_at:  # a value of a table (model.overrides): msgspec does not say which key
+        raw_at = _dict_entry(raw_at, msg, tree or {})
+    at = raw_at.replace("[", ".").replace("]", "")
     choices = literal_choices(Config, at) if at else None
     if choices is not None:  # enum fields: list what is accepted
         return ConfigError(f"{where}: {at}: expected {_expected_one_of(choices)}, got {_lookup(tree or {}, at)!r}")
