@@ -177,11 +177,15 @@ def test_video_example_trains_and_lf_sample_writes_mp4(dataset_dir, tmp_path):
     summary = trainer.fit()
     assert summary["eval"]["eval/flow_loss"] < 0.9 * before
     (run_dir / "config.toml").write_text(to_toml(cfg))  # what `lf run` writes
+    from lf_data import METAWORLD_INSTRUCTIONS
+
+    assert json.loads((run_dir / "trained_instructions.json").read_text()) == [METAWORLD_INSTRUCTIONS["reach-v3"]]
     for frames in (9, 5):
         out = tmp_path / f"clip{frames}.mp4"
         result = CliRunner().invoke(app, ["sample", str(run_dir), "--prompt", "reach the red goal position",
                                           "--frames", str(frames), "--steps", "3", "--out", str(out)])
         assert result.exit_code == 0, result.output
+        assert "none of the" not in result.output  # the trained instruction: no warning
         with av.open(str(out)) as c:
             decoded = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
         assert len(decoded) == frames and decoded[0].shape == (32, 32, 3)

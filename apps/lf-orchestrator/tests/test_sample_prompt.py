@@ -3,6 +3,7 @@ Oracle: the word-level vocabulary built in the test from two Meta-World instruct
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,12 @@ from typer.testing import CliRunner
 from lf_data import METAWORLD_INSTRUCTIONS, build_instruction_tokenizer
 from lf_orchestrator.cli import app
 from lf_orchestrator.config import load_config, to_toml
-from lf_orchestrator.families._video_data import save_text_encoder, unknown_prompt_words
+from lf_orchestrator.families._video_data import (
+    save_text_encoder,
+    save_trained_instructions,
+    unknown_prompt_words,
+    untrained_prompt,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 INSTRUCTIONS = [METAWORLD_INSTRUCTIONS["reach-v3"], METAWORLD_INSTRUCTIONS["push-v3"]]
@@ -60,3 +66,19 @@ def test_unknown_words_are_named_with_the_vocabulary_size(video_run):
     assert "warning: no word of --prompt is in the run's text vocabulary" in text
     assert "unknown, encoded as [UNK]: 'dance', 'on', 'mars'" in text
     assert "warning" not in _sample(run, INSTRUCTIONS[0].upper()).output
+
+
+def test_a_prompt_the_run_did_not_train_on_is_named_in_a_warning(video_run, tmp_path):
+    """The run trained on reach's instruction only (both instructions' words are in its vocabulary): push's
+    instruction gets a warning naming the trained one; reach's, in capitals with a final period, does not; a run
+    folder without trained_instructions.json (older runs) gets none."""
+    run = tmp_path / "run"
+    shutil.copytree(video_run[0], run)
+    save_trained_instructions(run, [INSTRUCTIONS[0], INSTRUCTIONS[0]])
+    assert untrained_prompt(run, INSTRUCTIONS[1]) == [INSTRUCTIONS[0]]
+    assert untrained_prompt(run, f"  {INSTRUCTIONS[0].upper()}.") is None
+    assert untrained_prompt(video_run[0], INSTRUCTIONS[1]) is None
+    text = " ".join(_sample(run, INSTRUCTIONS[1]).output.split())
+    assert (f"warning: --prompt is none of the 1 instruction(s) the run trained on ('{INSTRUCTIONS[0]}')") in text
+    assert "not in the run's text vocabulary" not in text  # every word is known: only the new warning
+    assert "none of the" not in " ".join(_sample(run, INSTRUCTIONS[0]).output.split())

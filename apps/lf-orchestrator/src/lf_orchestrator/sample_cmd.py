@@ -38,7 +38,9 @@ def sample_cmd(run_dir: Annotated[Path, typer.Argument(help="A video-family run 
     """Sample a video from a trained text-to-video run and write it as an mp4.
 
     An empty prompt is refused. Words of the prompt that the run's text vocabulary (the words of its training
-    instructions) lacks encode as the unknown token: a warning names them and the vocabulary's size."""
+    instructions) lacks encode as the unknown token: a warning names them and the vocabulary's size. A prompt
+    that is none of the instructions the run trained on (``trained_instructions.json``) gets a warning naming
+    them."""
     from lf_orchestrator.config import ConfigError, load_config
 
     if not prompt.strip():
@@ -51,11 +53,17 @@ def sample_cmd(run_dir: Annotated[Path, typer.Argument(help="A video-family run 
         _fail(str(err))
     if cfg.model.recipe != "wan_dit":
         _fail(f"{run_dir}: model.recipe is {cfg.model.recipe!r}; `lf sample` needs a video run (wan_dit)")
-    from lf_orchestrator.families._video_data import unknown_prompt_words
+    from lf_orchestrator.families._video_data import unknown_prompt_words, untrained_prompt
     from lf_orchestrator.families.video_sample import sample_video
 
     try:
         _warn_unknown_words(*unknown_prompt_words(run_dir, prompt))
+        trained = untrained_prompt(run_dir, prompt)
+        if trained is not None:
+            shown = "; ".join(repr(t) for t in trained[:8]) + ("; ..." if len(trained) > 8 else "")
+            console.print(f"[bold yellow]warning:[/] --prompt is none of the {len(trained)} instruction(s) the run "
+                          f"trained on ({escape(shown)}): expect a clip of what it learned, not of this prompt",
+                          highlight=False, soft_wrap=True)
         path, shape = sample_video(cfg, run_dir, prompt, out=out, frames=frames, steps=steps, guidance=guidance,
                                    seed=seed, fps=fps)
     except (ValueError, FileNotFoundError) as err:

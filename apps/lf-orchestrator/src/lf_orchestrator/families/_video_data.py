@@ -147,9 +147,40 @@ def encode_text(tok, table: torch.Tensor, texts: list[str], text_len: int) -> to
 
 
 def save_text_encoder(run_dir: Path, tok, table: torch.Tensor) -> None:
-    """Write ``instruction_tokenizer.json`` and ``text_encoder.safetensors`` into the run folder."""
-    tok.save(str(Path(run_dir) / "instruction_tokenizer.json"))
-    save_file({"embedding": table.contiguous()}, str(Path(run_dir) / "text_encoder.safetensors"))
+    """Write ``instruction_tokenizer.json`` and ``text_encoder.safetensors`` into the run folder (each atomically:
+    a reader sees the old file or the new one)."""
+    from lf_orchestrator.checkpoint import write_text_atomic
+
+    write_text_atomic(Path(run_dir) / "instruction_tokenizer.json", tok.to_str(pretty=True))
+    final = Path(run_dir) / "text_encoder.safetensors"
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    save_file({"embedding": table.contiguous()}, str(tmp))
+    os.replace(tmp, final)
+
+
+TRAINED_FILE = "trained_instructions.json"
+"""Run-folder file: the instructions of the clips the run trained on (what `lf sample` can expect to know)."""
+
+
+def save_trained_instructions(run_dir: Path, instructions: list[str]) -> None:
+    """Write :data:`TRAINED_FILE` (a JSON list, sorted, distinct) atomically."""
+    from lf_orchestrator.checkpoint import write_text_atomic
+
+    write_text_atomic(Path(run_dir) / TRAINED_FILE, json.dumps(sorted(set(instructions)), indent=1))
+
+
+def _normalized(text: str) -> str:
+    return " ".join(text.lower().split()).rstrip(".")
+
+
+def untrained_prompt(run_dir: Path, prompt: str) -> list[str] | None:
+    """The run's trained instructions when ``prompt`` is none of them (compared lowercased, whitespace collapsed,
+    a final period ignored); None when it is one, or the run folder predates :data:`TRAINED_FILE`."""
+    path = Path(run_dir) / TRAINED_FILE
+    if not path.is_file():
+        return None
+    trained = json.loads(path.read_text())
+    return None if _normalized(prompt) in {_normalized(t) for t in trained} else trained
 
 
 def unknown_prompt_words(run_dir: Path, prompt: str) -> tuple[list[str], bool, list[str]]:

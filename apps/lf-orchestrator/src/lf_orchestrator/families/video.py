@@ -26,7 +26,14 @@ from lf_ir.flow import flow_matching_loss, interpolate, sample_sigmas, timesteps
 from lf_orchestrator.families._context import cp_all_sum, video_loss_share
 from lf_orchestrator.families._metaworld import open_dataset
 from lf_orchestrator.families._vae_run import VAE_FILE, is_vae_run, save_vae_file, with_stats
-from lf_orchestrator.families._video_data import build_vae, encode_clips, encode_text, save_text_encoder, text_table
+from lf_orchestrator.families._video_data import (
+    build_vae,
+    encode_clips,
+    encode_text,
+    save_text_encoder,
+    save_trained_instructions,
+    text_table,
+)
 from lf_orchestrator.families.base import Family, sample_seed
 
 EVAL_SIGMAS = (0.25, 0.5, 0.75)
@@ -72,6 +79,7 @@ class VideoFamily(Family):
         self.text_states = encode_text(self.tok, table, tasks, rc.text_len)
         if self.ctx.is_main:
             save_text_encoder(self.run_dir, self.tok, table)
+            save_trained_instructions(self.run_dir, [tasks[i] for i in self.task_index.unique().tolist()])
 
     @property
     def num_samples(self) -> int:
