@@ -9,8 +9,11 @@ throughput as a fraction of the sweep's best. Each plan: the model built on meta
 recomputed per its mode, parallelized by lf-parallel (``parallelize``: tp + sp, ring / Ulysses cp, DDP / FSDP2
 ZeRO), fused AdamW, bf16 autocast over float32 master weights; ``--warmup`` (2) steps, then the median of
 ``--steps`` (3) timed steps, each the slowest rank's; peak memory ``max_memory_allocated`` over the timed steps
-(largest rank). Predictions with the BENCH.md default rates and with ``calibrate()``'s measured ones. The loss
-must be finite. JSON (``--out``) rewritten after every plan, so a job cut short keeps what it measured.
+(largest rank). Predictions with the BENCH.md default rates and with ``calibrate()``'s measured ones; on 2
+GPUs the measured ones also hold the intra-node collectives (``measure_collectives``: alpha and bus bandwidth
+of all-gather, reduce-scatter and all-reduce, JSON ``comm_calibration``, or its ``error`` when the timings
+allow no fit; with ``--dry`` timed on gloo and recorded only). The loss must be finite. JSON (``--out``)
+rewritten after every plan, so a job cut short keeps what it measured.
 
 Run on the GPU machine (prints the estimated GPU time first; ``--max-plans`` caps the sweep)::
 
@@ -42,6 +45,7 @@ from lf_ir import materialize
 from lf_memory import apply_recompute
 from lf_parallel import build_mesh, build_optimizer, parallelize
 from lf_parallel._calibrate import calibrate, default_calibration
+from lf_parallel._calibrate_comm import measure_collectives
 from lf_parallel._cluster import detect_cluster, make_cluster
 from lf_parallel._context import context_parallel_of
 from lf_parallel._cost_model import step_cost
@@ -186,6 +190,18 @@ def run(args) -> None:
     cal_measured = None if args.dry or not main else calibrate(save=False)  # calibrate() runs on cuda:0
     if ctx.distributed:
         dist.barrier()
+    comm = None
+    if ctx.world_size > 1:  # every rank times the collectives; on the GPU they join the measured calibration
+        try:
+            comm = measure_collectives(gpus_per_node=cluster.gpus_per_node)
+        except ValueError as err:  # timings no fit can use (every rank sees the same ones): record why, go on
+            comm = {"error": str(err)}
+        if main:
+            print(f"collectives: {comm['error']}" if isinstance(comm, dict) else f"collectives ({comm.source}): "
+                  + ", ".join(f"{k} alpha {comm.alpha_us[k]:.1f} us busbw {comm.busbw_gbps[k]:.1f} GB/s"
+                              for k in comm.alpha_us), flush=True)
+        if cal_measured is not None and not isinstance(comm, dict):
+            cal_measured = msgspec.structs.replace(cal_measured, comm=comm)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
     report = {"model": work.name, "seq": work.seq, "global_batch": batch, "gpus": args.gpus,
               "cluster": cluster.describe(), "mode": f"exhaustive, sweep {args.sweep}" if args.exhaustive
@@ -193,6 +209,7 @@ def run(args) -> None:
               "device": "cpu (dry)" if args.dry else torch.cuda.get_device_name(0), "commit": commit,
               "calibration_default": msgspec.to_builtins(cal_default),
               "calibration_measured": None if cal_measured is None else msgspec.to_builtins(cal_measured),
+              "comm_calibration": None if comm is None else msgspec.to_builtins(comm),
               "skipped": skipped, "plans": []}
     for cand in cands:
         row = _row(cand, work, cluster, cal_measured)

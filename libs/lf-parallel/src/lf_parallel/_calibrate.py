@@ -7,6 +7,12 @@ NCCL all-reduce 292 GB/s bus bandwidth) as fractions of the H200's datasheet pea
 applied to any catalogue GPU. :func:`calibrate` measures the same four things on
 the local GPU in a few seconds and caches them as JSON per device name and torch
 version (``~/.cache/lf/calibration.json``, or ``LF_CACHE_DIR``).
+
+Collectives inside a node (:class:`CommCalibration`) are measured in a process group
+by :func:`lf_parallel._calibrate_comm.measure_collectives` and merged into
+:attr:`Calibration.comm`; an entry holding them is cached under a key that also names
+the group size and GPUs per node (bandwidth depends on how many GPUs share the links).
+Cache entries written before the field existed load with ``comm=None``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,40 @@ import msgspec
 from lf_parallel._cluster import GPUSpec
 
 _H200_PEAK, _H200_HBM = 989.4, 4.8
+
+
+class CommCalibration(msgspec.Struct, frozen=True, kw_only=True):
+    """Alpha-beta figures of collectives inside one node, fitted to a microbenchmark.
+
+    The model is :func:`lf_parallel._comm_model.collective_time`'s: ``steps * alpha + nbytes * factor / busbw``
+    (NCCL bus-bandwidth factors, nccl-tests PERFORMANCE.md). Made by
+    :func:`lf_parallel._calibrate_comm.fit_collectives`.
+    """
+
+    ranks: int
+    """Group size the collectives ran on."""
+    gpus_per_node: int
+    """GPUs per node of the machine measured (the group stayed inside one node)."""
+    alpha_us: dict[str, float]
+    """Latency per step by measured kind (``all_gather``, ``reduce_scatter``, ``all_reduce``), microseconds."""
+    busbw_gbps: dict[str, float]
+    """Bus bandwidth by measured kind, GB/s (1e9 bytes/s)."""
+    pooled_alpha_us: float
+    """One alpha fitted to every kind's timings together, microseconds (used for kinds not measured)."""
+    pooled_busbw_gbps: float
+    """One bus bandwidth fitted to every kind's timings together, GB/s (used for kinds not measured)."""
+    sizes: list[int] = []
+    """Message sizes timed (the full, unsharded tensor), bytes."""
+    times_s: dict[str, list[float]] = {}
+    """The slowest rank's mean time per call, by kind, one per entry of ``sizes``, seconds."""
+    source: str = ""
+    """What was measured: backend, device, dtype, torch version."""
+
+    def figures(self, kind: str) -> tuple[float, float]:
+        """``(alpha_us, busbw_gbps)`` for collective ``kind``: its own fit if measured, else the pooled one."""
+        if kind in self.alpha_us and kind in self.busbw_gbps:
+            return self.alpha_us[kind], self.busbw_gbps[kind]
+        return self.pooled_alpha_us, self.pooled_busbw_gbps
 
 
 class Calibration(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,7 +83,8 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     kernel_overhead_us: float = 25.0
     """Launch and tail cost per node per pass (forward or backward), microseconds."""
     alpha_us: float = 15.0
-    """Latency per collective step (alpha of the alpha-beta model), microseconds."""
+    """Latency per collective step (alpha of the alpha-beta model), microseconds; inside a node :attr:`comm`
+    replaces it when measured."""
     host_overhead_us_per_segment: float = 186.0
     """Host and launch cost of attention run one segment at a time (Qwen2-VL: each image in the ViT, each packed
     sample in the decoder; :mod:`lf_parallel._mm_cost`), per segment, per block, per pass (forward, backward,
@@ -55,6 +96,9 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     one constant."""
     source: str = "defaults"
     """``"defaults"`` (BENCH.md ratios) or ``"measured <device>, torch <version>"``."""
+    comm: CommCalibration | None = None
+    """Measured intra-node collectives (alpha and bus bandwidth per kind); ``None``: ``alpha_us`` and the GPU
+    catalogue's ``nvlink_busbw_gbps``."""
 
 
 def default_calibration(gpu: GPUSpec) -> Calibration:
@@ -70,29 +114,44 @@ def cache_path() -> Path:
     return Path(os.environ.get("LF_CACHE_DIR", Path.home() / ".cache" / "lf")) / "calibration.json"
 
 
-def _key(device_name: str, torch_version: str) -> str:
-    return f"{device_name} | torch {torch_version}"
+def _key(device_name: str, torch_version: str, ranks: int | None = None, gpus_per_node: int | None = None) -> str:
+    key = f"{device_name} | torch {torch_version}"
+    return key if ranks is None else f"{key} | comm {ranks} ranks, {gpus_per_node} GPUs/node"
 
 
-def load_calibration(gpu: GPUSpec, device_name: str | None = None, path: Path | None = None) -> Calibration:
-    """The cached measurement for ``device_name`` and this torch, else :func:`default_calibration`."""
+def load_calibration(gpu: GPUSpec, device_name: str | None = None, path: Path | None = None, *,
+                     gpus_per_node: int | None = None, comm_ranks: int | None = None) -> Calibration:
+    """The cached measurement for ``device_name`` and this torch, else :func:`default_calibration`.
+
+    With ``gpus_per_node``, an entry whose collectives were measured on ``comm_ranks`` ranks (default: the whole
+    node) of such a node is preferred; else the entry without collectives.
+    """
     import torch
 
     path = path or cache_path()
     if device_name and path.is_file():
-        entry = json.loads(path.read_text()).get(_key(device_name, torch.__version__))
-        if entry is not None:
-            return msgspec.convert(entry, Calibration)
+        data = json.loads(path.read_text())
+        keys = [_key(device_name, torch.__version__)]
+        if gpus_per_node is not None:
+            keys.insert(0, _key(device_name, torch.__version__, comm_ranks or gpus_per_node, gpus_per_node))
+        for key in keys:
+            if data.get(key) is not None:
+                return msgspec.convert(data[key], Calibration)
     return default_calibration(gpu)
 
 
 def save_calibration(cal: Calibration, device_name: str, path: Path | None = None) -> Path:
-    """Add ``cal`` to the JSON cache under ``device_name`` and this torch version; returns the file."""
+    """Add ``cal`` to the JSON cache under ``device_name`` and this torch version; returns the file.
+
+    With measured collectives (``cal.comm``) the key also names their group size and GPUs per node.
+    """
     import torch
 
     path = path or cache_path()
     data = json.loads(path.read_text()) if path.is_file() else {}
-    data[_key(device_name, torch.__version__)] = msgspec.to_builtins(cal)
+    comm = cal.comm
+    key = _key(device_name, torch.__version__, *((comm.ranks, comm.gpus_per_node) if comm else ()))
+    data[key] = msgspec.to_builtins(cal)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))

@@ -6,7 +6,9 @@ factors (``nccl-tests`` PERFORMANCE.md): all-reduce ``2 (n-1) / n`` over ``2 (n-
 ring steps, all-gather / reduce-scatter / all-to-all ``(n-1) / n`` over ``n - 1``
 steps, point-to-point 1 over one step. ``busbw`` is the node's NVLink bus bandwidth
 when the group stays inside a node, else the per-GPU network bandwidth (NICs at
-80% of line rate).
+80% of line rate). Inside a node, a calibration with measured collectives
+(:attr:`Calibration.comm`, :mod:`lf_parallel._calibrate_comm`) supplies alpha and the
+bus bandwidth per kind instead of ``alpha_us`` and the GPU catalogue's figure.
 
 The mesh is laid out ``pp, dp_replicate, dp_shard, cp, tp`` (tp innermost, as
 :mod:`lf_parallel._mesh`), so a dim of size ``n`` whose inner dims multiply to
@@ -44,6 +46,22 @@ def mesh_strides(plan) -> dict[str, int]:
     return strides
 
 
+def collective_terms(kind: str, ranks: int) -> tuple[int, float]:
+    """``(steps, factor)`` of ``kind`` over ``ranks`` ranks: time is ``steps * alpha + nbytes * factor / busbw``.
+
+    Raises:
+        ValueError: an unknown collective.
+
+    Example:
+        >>> collective_terms("all_reduce", 4), collective_terms("all_gather", 4)
+        ((6, 1.5), (3, 0.75))
+    """
+    if kind not in _FACTORS:
+        raise ValueError(f"unknown collective {kind!r}; expected one of {list(_FACTORS)}")
+    factor, steps = _FACTORS[kind]
+    return steps(ranks), factor(ranks)
+
+
 def link_busbw(cluster: Cluster, span: int) -> float:
     """Bus bandwidth in bytes/s of a group spanning ``span`` consecutive ranks (NVLink or network)."""
     if span <= cluster.gpus_per_node:
@@ -60,7 +78,8 @@ def collective_time(kind: str, nbytes: float, ranks: int, *, cluster: Cluster, c
         nbytes: the full tensor (all-reduce buffer, all-gather output, p2p message), bytes.
         ranks: group size; 1 costs nothing.
         cluster: sets the link bandwidth.
-        calibration: sets alpha.
+        calibration: sets alpha; inside a node its measured ``comm`` figures (if any) set alpha and the bus
+            bandwidth of ``kind`` (kinds it did not time: its pooled fit).
         span: consecutive ranks the group covers (``stride * ranks``); default ``ranks``.
 
     Raises:
@@ -70,9 +89,14 @@ def collective_time(kind: str, nbytes: float, ranks: int, *, cluster: Cluster, c
         raise ValueError(f"unknown collective {kind!r}; expected one of {list(_FACTORS)}")
     if ranks <= 1 or nbytes <= 0:
         return 0.0
-    factor, steps = _FACTORS[kind]
-    busbw = link_busbw(cluster, span or ranks)
-    return steps(ranks) * calibration.alpha_us * 1e-6 + nbytes * factor(ranks) / busbw
+    steps, factor = collective_terms(kind, ranks)
+    span = span or ranks
+    if calibration.comm is not None and span <= cluster.gpus_per_node:
+        alpha_us, busbw_gbps = calibration.comm.figures(kind)
+        busbw = busbw_gbps * 1e9
+    else:
+        alpha_us, busbw = calibration.alpha_us, link_busbw(cluster, span)
+    return steps * alpha_us * 1e-6 + nbytes * factor / busbw
 
 
 def bubble_micro_batches(schedule: str, pp: int, virtual: int = 1) -> float:
