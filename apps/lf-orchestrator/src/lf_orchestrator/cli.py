@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -119,6 +120,13 @@ def print_eval(report: dict) -> None:
     make_console().print(table)
 
 
+class TuneMode(StrEnum):
+    """``lf run --tune``: how ``parallel.plan = "auto"`` settles on a plan."""
+
+    predict = "predict"
+    measure = "measure"
+
+
 @app.command()
 def run(config: Annotated[Optional[Path], typer.Argument(
             help="Run config (TOML). Omitted: the embedded Meta-World VLA default.")] = None,
@@ -127,8 +135,13 @@ def run(config: Annotated[Optional[Path], typer.Argument(
             help="Continue the run in this folder from its latest checkpoint.")] = None,
         run_dir: Annotated[Optional[Path], typer.Option(
             help="Run in this folder: continue it from its latest checkpoint if it has one, else start "
-                 "it there (`lf launch` workers use it, so restarts resume the run).")] = None):
+                 "it there (`lf launch` workers use it, so restarts resume the run).")] = None,
+        tune: Annotated[Optional[TuneMode], typer.Option(
+            help="parallel.tune: 'measure' trains the auto-tuner's top plans for a few steps each first and "
+                 "keeps the measured fastest; 'predict' trusts the cost model (the default).")] = None):
     """Train a model from one config file, then evaluate it."""
+    if tune is not None:
+        overrides = [*(overrides or []), f"parallel.tune='{tune.value}'"]
     try:
         if resume is not None and run_dir is not None:
             _fail("give either --resume or --run-dir, not both")
@@ -171,10 +184,14 @@ def run(config: Annotated[Optional[Path], typer.Argument(
                 else:
                     run_dir = folder.claim(_new_run_dir(cfg, ctx), created=True)
                 if cfg.model.recipe in FAMILY_RECIPES:  # llm / vlm / video: the recipe trainer
-                    from lf_orchestrator.recipe_trainer import run_family
+                    from lf_orchestrator.run_family import run_family
 
                     run_family(cfg, ctx, resume, run_dir, console, _new_run_dir)
                 else:
+                    if cfg.parallel.tune == "measure":
+                        raise ConfigError(f"parallel.tune = 'measure': model.recipe {cfg.model.recipe!r} trains "
+                                          "data parallel only (the VLA trainer); tuning by measurement runs for "
+                                          f"the recipes {', '.join(sorted(FAMILY_RECIPES))}")
                     _train_and_eval(cfg, ctx, resume, run_dir)
         except (ConfigError, PlanError, IRError, ValueError, FileNotFoundError) as err:
             _fail(str(err))

@@ -178,6 +178,15 @@ class ParallelSection(_Section):
     """Context-parallel attention of a ``spec`` with ``cp > 1``: ``ring`` (k/v passed around the cp group, any
     mask; dense block scores) or ``ulysses`` (all-to-all to heads, then flash/SDPA; heads must divide by cp).
     ``""`` (unset): the spec's ``cp_kind=...``, else ``ring``. The recipe trainer runs ``ring`` and ``ulysses``."""
+    tune: Literal["predict", "measure"] = "predict"
+    """With ``plan = "auto"`` (llm / vlm / video families): ``predict`` trains with the cost model's fastest runnable
+    plan; ``measure`` (``lf run --tune measure``) first trains ``tune_top`` of the top runnable plans for
+    ``tune_steps`` timed steps each on this job's hardware and keeps the measured fastest
+    (``lf_orchestrator.families._tune``)."""
+    tune_top: int = 3
+    """``tune = "measure"``: plans tried, the first of the ranking the trainer can run."""
+    tune_steps: int = 3
+    """``tune = "measure"``: timed optimizer steps per plan (the median counts), after one warm-up step."""
 
 
 class EvalSection(_Section):
@@ -372,8 +381,12 @@ def check_config(cfg: Config, where: str = "config", *, check_paths: bool = True
                        ("parallel.dp", cfg.parallel.dp),
                        ("memory.recompute_every", cfg.memory.recompute_every),
                        ("parallel.micro_batch", cfg.parallel.micro_batch),
-                       ("parallel.grad_accum", cfg.parallel.grad_accum)]:
+                       ("parallel.grad_accum", cfg.parallel.grad_accum),
+                       ("parallel.tune_top", cfg.parallel.tune_top), ("parallel.tune_steps", cfg.parallel.tune_steps)]:
         _require(value >= 1, where, key, "an integer >= 1", value)
+    _require(cfg.parallel.tune == "predict" or cfg.parallel.plan == "auto", where, "parallel.tune",
+             '"predict" with parallel.plan = "manual" (measuring chooses among the auto-tuner\'s plans)',
+             cfg.parallel.tune)
     _require(t.lr > 0, where, "train.lr", "a number > 0", t.lr)
     _require(cfg.action_tokenizer.scale > 0, where, "action_tokenizer.scale", "a number > 0",
              cfg.action_tokenizer.scale)

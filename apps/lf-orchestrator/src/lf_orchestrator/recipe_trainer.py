@@ -33,7 +33,6 @@ shared with the VLA trainer (:func:`lf_orchestrator.fit.fit_loop`).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -43,16 +42,15 @@ from torch import nn
 from lf_data import ResumableSampler
 from lf_ir import param_count
 from lf_memory import DynamicLossScaler, apply_recompute, resolve_precision
-from lf_orchestrator.checkpoint import write_text_atomic
 from lf_orchestrator.families import family_module
 from lf_orchestrator.families._faults import check_finite_weights, nonfinite_step
-from lf_orchestrator.families._plan import resolve_plan
-from lf_orchestrator.families._recompute import describe_plan, plan_family_recompute, plan_line, stage_plan
+from lf_orchestrator.families._plan import resolve_plan, with_fsdp_compute
+from lf_orchestrator.families._recompute import describe_plan, plan_family_recompute, stage_plan
 from lf_orchestrator.families._state import FamilyCheckpointer, latest_checkpoint
 from lf_orchestrator.families.base import LossModule
 from lf_orchestrator.families.lora import apply_lora, freeze
 from lf_orchestrator.faults import nonfinite_reason
-from lf_orchestrator.fit import StepCallback, apply_update, check_enough_samples, fit_loop, lr_schedule, trained_phrase
+from lf_orchestrator.fit import StepCallback, apply_update, check_enough_samples, fit_loop, lr_schedule
 from lf_orchestrator.prefetch import make_prefetcher
 from lf_orchestrator.train_state import restore_training_state, save_training_state
 from lf_parallel import DistContext, build_mesh, global_sum, parallelize
@@ -85,6 +83,19 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, group=None) -> t
     return norm
 
 
+def prepare_family(cfg, run_dir: Path, ctx: DistContext):
+    """The run's family with its data prepared: rank 0 builds the caches (into ``run_dir`` and the cache folders),
+    then the other ranks load them."""
+    family = family_module(cfg.model.recipe).make_family(cfg, Path(run_dir), ctx)
+    if ctx.is_main:
+        family.prepare()
+    if ctx.distributed:
+        torch.distributed.barrier()
+    if not ctx.is_main:
+        family.prepare()
+    return family
+
+
 def prepare_model(family, cfg, device: torch.device) -> tuple[nn.Module, dict]:
     """The family's model with LoRA and freezing applied (before any parallelism); info for plan.json."""
     model = family.build_model(device)
@@ -101,22 +112,21 @@ def prepare_model(family, cfg, device: torch.device) -> tuple[nn.Module, dict]:
 class RecipeTrainer:
     """One family run in ``run_dir`` (fresh, or resumed from its latest checkpoint)."""
 
-    def __init__(self, cfg, run_dir: Path, ctx: DistContext, *, resume: bool = False):
+    def __init__(self, cfg, run_dir: Path, ctx: DistContext, *, resume: bool = False, family=None,
+                 plan: tuple[Any, dict] | None = None):
         self.cfg, self.run_dir, self.ctx = cfg, Path(run_dir), ctx
         torch.manual_seed(cfg.run.seed)
         if ctx.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.family = family_module(cfg.model.recipe).make_family(cfg, self.run_dir, ctx)
-        if ctx.is_main:  # rank 0 builds the caches, the others then load them
-            self.family.prepare()
-        if ctx.distributed:
-            torch.distributed.barrier()
-        if not ctx.is_main:
-            self.family.prepare()
+        self.family = family if family is not None else prepare_family(cfg, self.run_dir, ctx)
         self.precision = resolve_precision(cfg.memory.precision, ctx.device)
         prec = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.precision.compute_dtype, "fp32")
-        self.plan, self.plan_info = resolve_plan(cfg, self.family.graph, world_size=ctx.world_size,
-                                                 device_type=ctx.device.type, seq=self.family.seq_len, precision=prec)
+        if plan is not None:  # chosen by the caller (parallel.tune = "measure": families._tune)
+            self.plan, self.plan_info = with_fsdp_compute(plan[0], prec, ctx.device.type), dict(plan[1])
+        else:
+            self.plan, self.plan_info = resolve_plan(cfg, self.family.graph, world_size=ctx.world_size,
+                                                     device_type=ctx.device.type, seq=self.family.seq_len,
+                                                     precision=prec)
         if getattr(self.family, "data_note", ""):  # e.g. synthetic latents: the log and plan.json say so
             self.plan_info["data"] = self.family.data_note
         self.pipe = None
@@ -305,91 +315,3 @@ class RecipeTrainer:
         evaluate = self.evaluate if self.cfg.eval.at_end else (lambda: {})  # the summary always has "eval"
         return fit_loop(self, on_step, step_units=lambda s: s["train/target_units"], rate_key="perf/units_per_s",
                         loss_label=self.family.loss_label, evaluate=evaluate, summary={"plan": self.plan.describe()})
-
-
-def write_plan(trainer: RecipeTrainer) -> None:
-    """``plan.json`` of the run folder (rank 0)."""
-    if trainer.ctx.is_main:
-        write_text_atomic(trainer.run_dir / "plan.json", json.dumps(
-            {"plan": trainer.plan.describe(), "world_size": trainer.ctx.world_size, "device": str(trainer.ctx.device),
-             "precision": str(trainer.precision.compute_dtype), **trainer.plan_info}, indent=1, default=str))
-
-
-def absolute_paths(cfg):
-    """``cfg`` with its relative file paths made absolute against the working folder (``data.path``,
-    ``corpus.cache_dir``, ``video.vae_weights``), so the run folder's ``config.toml`` serves ``--resume`` and
-    ``lf sample`` from any folder."""
-    import msgspec
-
-    def absolute(path: str) -> str:
-        return str(Path(path).resolve()) if path else path
-
-    rep = msgspec.structs.replace
-    return rep(cfg, data=rep(cfg.data, path=absolute(cfg.data.path)),
-               corpus=rep(cfg.corpus, cache_dir=absolute(cfg.corpus.cache_dir)),
-               video=rep(cfg.video, vae_weights=absolute(cfg.video.vae_weights)))
-
-
-def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None, console, new_run_dir) -> None:
-    """`lf run` for the llm / vlm / video families: run folder, training, evaluation, summary."""
-    from lf_orchestrator.config import to_toml
-
-    cfg = absolute_paths(cfg)
-    if run_dir is None:
-        run_dir = resume if resume is not None else new_run_dir(cfg, ctx)
-    elif ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    if ctx.is_main:
-        console.print(f"run folder: [bold]{run_dir}[/]")
-        if resume is None:
-            write_text_atomic(run_dir / "config.toml", to_toml(cfg))
-    trainer = RecipeTrainer(cfg, run_dir, ctx, resume=resume is not None)
-    if ctx.is_main and resume is not None:
-        write_text_atomic(run_dir / "config.toml", to_toml(cfg))
-        console.print(f"resumed from step {trainer.step} of {cfg.train.steps}")
-        if trainer.resharded:
-            console.print(trainer.resharded, highlight=False)
-            trainer.plan_info["resharded_from"] = trainer.resharded
-    if trainer.step >= cfg.train.steps:
-        if ctx.is_main:
-            console.print("the run is already finished; raise train.steps with --set to continue")
-        return
-    write_plan(trainer)
-    if ctx.is_main:
-        info = trainer.plan_info
-        predicted = (f", predicted {info['predicted_step_s'] * 1e3:.1f} ms/step on {info['cluster']}"
-                     + (" (nominal: CPU job)" if info.get("nominal_cluster") else "")
-                     if "predicted_step_s" in info else "")
-        console.print(f"plan ({info['source']}): {trainer.plan.describe()}{predicted}; "
-                      f"{info.get('params', sum(p.numel() for p in trainer.model.parameters())):,} parameters, "
-                      f"{info['trainable_params']:,} trainable")
-        for skip in info.get("skipped", ()):  # faster plans of the ranking that this trainer cannot run
-            console.print(f"auto skipped {skip['plan']} (recompute={skip['recompute']}): {skip['why']}",
-                          highlight=False, soft_wrap=True)
-        if "recompute_plan" in info:
-            console.print(plan_line(info["recompute_plan"]), highlight=False)
-        if "data" in info:
-            console.print(f"data: {info['data']}", highlight=False)
-
-    def on_step(step: int, s: dict) -> None:
-        if ctx.is_main and (step % cfg.train.log_every == 0 or step == cfg.train.steps):
-            console.print(f"step {step}/{cfg.train.steps} loss {s['train/loss']:.4f} lr {s['train/lr']:.2e}",
-                          highlight=False)
-
-    summary = trainer.fit(on_step)
-    if summary["preempted"]:
-        import typer
-
-        if ctx.is_main:
-            from lf_orchestrator.fit import preempted_phrase
-
-            console.print(preempted_phrase(summary, run_dir, cfg.train.ckpt_every), highlight=False)
-        raise typer.Exit(summary["exit_code"])
-    if ctx.is_main:
-        write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=1, default=str))
-        extra = " ".join(f"{k.removeprefix('eval/')} {v:.4g}" for k, v in summary["eval"].items())
-        if not extra and trainer.pipe is not None and cfg.eval.at_end:
-            extra_note = "; eval skipped: held-out evaluation does not run under pipeline parallel yet"
-        else:
-            extra_note = f"; eval: {extra}" if extra else ""
-        console.print(f"{trained_phrase(summary)}{extra_note}", highlight=False)

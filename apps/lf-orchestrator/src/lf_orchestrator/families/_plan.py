@@ -157,13 +157,18 @@ def with_fsdp_compute(plan: Plan, precision: str, device_type: str) -> Plan:
     return plan
 
 
-def _search(cfg, graph, *, world_size: int, device_type: str, seq: int, precision: str) -> tuple[Plan, dict]:
+def search_cluster(device_type: str, world_size: int):
+    """(cluster, nominal) the auto plan is searched on: the detected one on CUDA; on other devices a nominal
+    cluster of ``world_size`` H100s (the ranking then only orders plans; nominal = True says so)."""
     from lf_parallel import detect_cluster, make_cluster
 
     if device_type == "cuda":
-        cluster, nominal = detect_cluster(), False
-    else:
-        cluster, nominal = make_cluster(gpus=world_size, gpu="h100"), True
+        return detect_cluster(), False
+    return make_cluster(gpus=world_size, gpu="h100"), True
+
+
+def _search(cfg, graph, *, world_size: int, device_type: str, seq: int, precision: str) -> tuple[Plan, dict]:
+    cluster, nominal = search_cluster(device_type, world_size)
     prec = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}.get(precision, "bf16")
     return auto_plan(cfg, graph, cluster, world_size=world_size, seq=seq, precision=prec, nominal=nominal)
 

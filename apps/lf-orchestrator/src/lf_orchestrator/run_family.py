@@ -1,0 +1,135 @@
+"""`lf run` for the llm / vlm / video families: run folder, plan (tuned by measurement with ``parallel.tune =
+"measure"``, :mod:`lf_orchestrator.families._tune`), training, evaluation, summary; the trainer itself is
+:class:`lf_orchestrator.recipe_trainer.RecipeTrainer`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from lf_memory import resolve_precision
+from lf_orchestrator.checkpoint import write_text_atomic
+from lf_orchestrator.families._recompute import plan_line
+from lf_orchestrator.families._tune import tuned_plan_of
+from lf_orchestrator.fit import trained_phrase
+from lf_orchestrator.recipe_trainer import RecipeTrainer, prepare_family
+from lf_parallel import DistContext
+
+
+def write_plan(trainer: RecipeTrainer) -> None:
+    """``plan.json`` of the run folder (rank 0)."""
+    if trainer.ctx.is_main:
+        write_text_atomic(trainer.run_dir / "plan.json", json.dumps(
+            {"plan": trainer.plan.describe(), "world_size": trainer.ctx.world_size, "device": str(trainer.ctx.device),
+             "precision": str(trainer.precision.compute_dtype), **trainer.plan_info}, indent=1, default=str))
+
+
+def absolute_paths(cfg):
+    """``cfg`` with its relative file paths made absolute against the working folder (``data.path``,
+    ``corpus.cache_dir``, ``video.vae_weights``), so the run folder's ``config.toml`` serves ``--resume`` and
+    ``lf sample`` from any folder."""
+    import msgspec
+
+    def absolute(path: str) -> str:
+        return str(Path(path).resolve()) if path else path
+
+    rep = msgspec.structs.replace
+    return rep(cfg, data=rep(cfg.data, path=absolute(cfg.data.path)),
+               corpus=rep(cfg.corpus, cache_dir=absolute(cfg.corpus.cache_dir)),
+               video=rep(cfg.video, vae_weights=absolute(cfg.video.vae_weights)))
+
+
+def _measure_plans(cfg, run_dir: Path, ctx: DistContext, family, console):
+    """``parallel.tune = "measure"``: trials of the top runnable plans (:mod:`.families._tune`); the fastest."""
+    import shutil
+
+    from lf_orchestrator.families._tune import measure_candidates, runnable_candidates
+
+    dtype = resolve_precision(cfg.memory.precision, ctx.device).compute_dtype
+    prec = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+    cands = runnable_candidates(cfg, family.graph, world_size=ctx.world_size, device_type=ctx.device.type,
+                                seq=family.seq_len, precision=prec, top=cfg.parallel.tune_top)
+    if ctx.is_main:
+        console.print(f"tune: measuring {len(cands)} plan(s), {cfg.parallel.tune_steps} timed step(s) each",
+                      highlight=False)
+    chosen, _ = measure_candidates(cfg, run_dir, ctx, family, cands, console)
+    if ctx.distributed:
+        torch.distributed.barrier()
+    if ctx.is_main:
+        shutil.rmtree(Path(run_dir) / "tune", ignore_errors=True)
+    return chosen
+
+
+def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None, console, new_run_dir) -> None:
+    """`lf run` for the llm / vlm / video families: run folder, training, evaluation, summary."""
+    from lf_orchestrator.config import to_toml
+
+    cfg = absolute_paths(cfg)
+    if run_dir is None:
+        run_dir = resume if resume is not None else new_run_dir(cfg, ctx)
+    elif ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    if ctx.is_main:
+        console.print(f"run folder: [bold]{run_dir}[/]")
+        if resume is None:
+            write_text_atomic(run_dir / "config.toml", to_toml(cfg))
+    family, plan = None, None
+    if cfg.parallel.plan == "auto" and cfg.parallel.tune == "measure":
+        family = prepare_family(cfg, run_dir, ctx)
+        plan = tuned_plan_of(run_dir) if resume is not None else None
+        if plan is None:
+            plan = _measure_plans(cfg, run_dir, ctx, family, console)
+    trainer = RecipeTrainer(cfg, run_dir, ctx, resume=resume is not None, family=family, plan=plan)
+    if ctx.is_main and resume is not None:
+        write_text_atomic(run_dir / "config.toml", to_toml(cfg))
+        console.print(f"resumed from step {trainer.step} of {cfg.train.steps}")
+        if trainer.resharded:
+            console.print(trainer.resharded, highlight=False)
+            trainer.plan_info["resharded_from"] = trainer.resharded
+    if trainer.step >= cfg.train.steps:
+        if ctx.is_main:
+            console.print("the run is already finished; raise train.steps with --set to continue")
+        return
+    write_plan(trainer)
+    if ctx.is_main:
+        info = trainer.plan_info
+        predicted = (f", predicted {info['predicted_step_s'] * 1e3:.1f} ms/step on {info['cluster']}"
+                     + (" (nominal: CPU job)" if info.get("nominal_cluster") else "")
+                     if "predicted_step_s" in info else "")
+        if "measured_step_s" in info:
+            predicted += f", measured {info['measured_step_s'] * 1e3:.1f} ms/step while tuning"
+        console.print(f"plan ({info['source']}): {trainer.plan.describe()}{predicted}; "
+                      f"{info.get('params', sum(p.numel() for p in trainer.model.parameters())):,} parameters, "
+                      f"{info['trainable_params']:,} trainable")
+        for skip in info.get("skipped", ()):  # faster plans of the ranking that this trainer cannot run
+            console.print(f"auto skipped {skip['plan']} (recompute={skip['recompute']}): {skip['why']}",
+                          highlight=False, soft_wrap=True)
+        if "recompute_plan" in info:
+            console.print(plan_line(info["recompute_plan"]), highlight=False)
+        if "data" in info:
+            console.print(f"data: {info['data']}", highlight=False)
+
+    def on_step(step: int, s: dict) -> None:
+        if ctx.is_main and (step % cfg.train.log_every == 0 or step == cfg.train.steps):
+            console.print(f"step {step}/{cfg.train.steps} loss {s['train/loss']:.4f} lr {s['train/lr']:.2e}",
+                          highlight=False)
+
+    summary = trainer.fit(on_step)
+    if summary["preempted"]:
+        import typer
+
+        if ctx.is_main:
+            from lf_orchestrator.fit import preempted_phrase
+
+            console.print(preempted_phrase(summary, run_dir, cfg.train.ckpt_every), highlight=False)
+        raise typer.Exit(summary["exit_code"])
+    if ctx.is_main:
+        write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=1, default=str))
+        extra = " ".join(f"{k.removeprefix('eval/')} {v:.4g}" for k, v in summary["eval"].items())
+        if not extra and trainer.pipe is not None and cfg.eval.at_end:
+            extra_note = "; eval skipped: held-out evaluation does not run under pipeline parallel yet"
+        else:
+            extra_note = f"; eval: {extra}" if extra else ""
+        console.print(f"{trained_phrase(summary)}{extra_note}", highlight=False)
