@@ -232,19 +232,13 @@ def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = 
 
     from lf_orchestrator.checkpoint import write_text_atomic
     from lf_orchestrator.progress import TrainProgress
+    from lf_orchestrator.run_folder import start_run_folder
     from lf_orchestrator.trainer import Trainer
 
     # Resolve the dataset path now, so a resumed or evaluated run finds it from any folder.
     cfg = msgspec.structs.replace(cfg, data=msgspec.structs.replace(
         cfg.data, path=str(Path(cfg.data.path).resolve())))
-    if run_dir is None:
-        run_dir = resume if resume is not None else _new_run_dir(cfg, ctx)
-    elif ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    if ctx.is_main:
-        console.print(f"run folder: [bold]{run_dir}[/]")
-        if resume is None:
-            write_text_atomic(run_dir / "config.toml", to_toml(cfg))
+    run_dir = start_run_folder(cfg, ctx, resume, run_dir, console, _new_run_dir)
     # a rich bar on a terminal, plain lines every train.log_every steps when the output is redirected
     with TrainProgress(console, enabled=ctx.is_main, log_every=cfg.train.log_every) as progress:
         trainer = Trainer(cfg, run_dir, ctx, resume=resume is not None, data_progress=progress.data)

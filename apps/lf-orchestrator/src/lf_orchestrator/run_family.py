@@ -15,6 +15,7 @@ from lf_orchestrator.families._recompute import plan_line
 from lf_orchestrator.families._tune import tuned_plan_of
 from lf_orchestrator.fit import trained_phrase
 from lf_orchestrator.recipe_trainer import RecipeTrainer, prepare_family
+from lf_orchestrator.run_folder import start_run_folder
 from lf_parallel import DistContext
 
 
@@ -67,14 +68,7 @@ def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None,
     from lf_orchestrator.config import to_toml
 
     cfg = absolute_paths(cfg)
-    if run_dir is None:
-        run_dir = resume if resume is not None else new_run_dir(cfg, ctx)
-    elif ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    if ctx.is_main:
-        console.print(f"run folder: [bold]{run_dir}[/]")
-        if resume is None:
-            write_text_atomic(run_dir / "config.toml", to_toml(cfg))
+    run_dir = start_run_folder(cfg, ctx, resume, run_dir, console, new_run_dir)
     family, plan = None, None
     if cfg.parallel.plan == "auto" and cfg.parallel.tune == "measure":
         family = prepare_family(cfg, run_dir, ctx)

@@ -150,3 +150,21 @@ class RunFolder:
                 self.discard_if_empty()
         finally:
             self.release()
+
+
+def start_run_folder(cfg, ctx, resume: Path | None, run_dir: Path | None, console, new_run_dir) -> Path:
+    """The folder `lf run` trains in: ``run_dir`` (created), the ``resume`` folder, or a new one from
+    ``new_run_dir(cfg, ctx)``; rank 0 prints it and, for a new run, writes the resolved ``config.toml``
+    (atomically) before anything else."""
+    from lf_orchestrator.checkpoint import write_text_atomic
+    from lf_orchestrator.config import to_toml
+
+    if run_dir is None:
+        run_dir = resume if resume is not None else new_run_dir(cfg, ctx)
+    elif ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    if ctx.is_main:
+        console.print(f"run folder: [bold]{run_dir}[/]")
+        if resume is None:
+            write_text_atomic(run_dir / "config.toml", to_toml(cfg))
+    return run_dir
