@@ -182,7 +182,7 @@ def test_recipe_runs_store_absolute_paths(tmp_path, monkeypatch):
     """Oracle: ``Path.resolve`` against the working folder. A recipe run's config.toml must name its dataset,
     corpus cache and VAE run absolutely, so ``--resume`` and ``lf sample`` work from another folder; an empty
     ``video.vae_weights`` (the deterministic init) stays empty."""
-    from lf_orchestrator.run_family import absolute_paths
+    from lf_orchestrator.run_folder import absolute_paths
 
     monkeypatch.chdir(tmp_path)
     cfg = load_config(ROOT / "examples" / "wan_t2v.toml", ["data.path='data/mw'", "video.vae_weights='runs/vae'",

@@ -228,16 +228,12 @@ def _resume_point(run_dir: Path, ctx) -> Optional[Path]:
 
 
 def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = None) -> None:
-    import msgspec
-
     from lf_orchestrator.checkpoint import write_text_atomic
     from lf_orchestrator.progress import TrainProgress
-    from lf_orchestrator.run_folder import start_run_folder
+    from lf_orchestrator.run_folder import absolute_paths, start_run_folder
     from lf_orchestrator.trainer import Trainer
 
-    # Resolve the dataset path now, so a resumed or evaluated run finds it from any folder.
-    cfg = msgspec.structs.replace(cfg, data=msgspec.structs.replace(
-        cfg.data, path=str(Path(cfg.data.path).resolve())))
+    cfg = absolute_paths(cfg)  # so a resumed or evaluated run finds its files from any folder
     run_dir = start_run_folder(cfg, ctx, resume, run_dir, console, _new_run_dir)
     # a rich bar on a terminal, plain lines every train.log_every steps when the output is redirected
     with TrainProgress(console, enabled=ctx.is_main, log_every=cfg.train.log_every) as progress:

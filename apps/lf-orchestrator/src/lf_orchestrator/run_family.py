@@ -15,7 +15,7 @@ from lf_orchestrator.families._recompute import plan_line
 from lf_orchestrator.families._tune import tuned_plan_of
 from lf_orchestrator.fit import trained_phrase
 from lf_orchestrator.recipe_trainer import RecipeTrainer, prepare_family
-from lf_orchestrator.run_folder import start_run_folder
+from lf_orchestrator.run_folder import absolute_paths, start_run_folder
 from lf_parallel import DistContext
 
 
@@ -25,21 +25,6 @@ def write_plan(trainer: RecipeTrainer) -> None:
         write_text_atomic(trainer.run_dir / "plan.json", json.dumps(
             {"plan": trainer.plan.describe(), "world_size": trainer.ctx.world_size, "device": str(trainer.ctx.device),
              "precision": str(trainer.precision.compute_dtype), **trainer.plan_info}, indent=1, default=str))
-
-
-def absolute_paths(cfg):
-    """``cfg`` with its relative file paths made absolute against the working folder (``data.path``,
-    ``corpus.cache_dir``, ``video.vae_weights``), so the run folder's ``config.toml`` serves ``--resume`` and
-    ``lf sample`` from any folder."""
-    import msgspec
-
-    def absolute(path: str) -> str:
-        return str(Path(path).resolve()) if path else path
-
-    rep = msgspec.structs.replace
-    return rep(cfg, data=rep(cfg.data, path=absolute(cfg.data.path)),
-               corpus=rep(cfg.corpus, cache_dir=absolute(cfg.corpus.cache_dir)),
-               video=rep(cfg.video, vae_weights=absolute(cfg.video.vae_weights)))
 
 
 def _measure_plans(cfg, run_dir: Path, ctx: DistContext, family, console):

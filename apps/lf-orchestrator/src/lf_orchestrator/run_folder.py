@@ -168,3 +168,18 @@ def start_run_folder(cfg, ctx, resume: Path | None, run_dir: Path | None, consol
         if resume is None:
             write_text_atomic(run_dir / "config.toml", to_toml(cfg))
     return run_dir
+
+
+def absolute_paths(cfg):
+    """``cfg`` with its relative file paths made absolute against the working folder (``data.path``,
+    ``corpus.cache_dir``, ``video.vae_weights``), so the run folder's ``config.toml`` serves ``--resume`` and
+    ``lf sample`` from any folder."""
+    import msgspec
+
+    def absolute(path: str) -> str:
+        return str(Path(path).resolve()) if path else path
+
+    rep = msgspec.structs.replace
+    return rep(cfg, data=rep(cfg.data, path=absolute(cfg.data.path)),
+               corpus=rep(cfg.corpus, cache_dir=absolute(cfg.corpus.cache_dir)),
+               video=rep(cfg.video, vae_weights=absolute(cfg.video.vae_weights)))
