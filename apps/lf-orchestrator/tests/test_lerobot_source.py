@@ -81,3 +81,27 @@ def test_a_task_not_in_the_dataset_is_refused_by_name(tiny_config, lerobot_dir, 
     assert out.exit_code == 2, out.output
     assert "data.tasks: 'pick the apple' is not a task of the LeRobot dataset" in out.output
     assert listed in " ".join(out.output.split())
+
+
+def test_star_selects_every_task_of_the_dataset(tiny_config, lerobot_dir):
+    """data.tasks = ['*'] with a LeRobot dataset reads all three tasks' episodes (the same as naming them); '*' with
+    other names, or with data.source = 'metaworld' (which generates by name), is refused naming data.tasks."""
+    star = _cfg(tiny_config, lerobot_dir, "data.tasks=['*']", "data.max_steps=6", "data.action_horizon=2")
+    named = _cfg(tiny_config, lerobot_dir, f"data.tasks={TASKS!r}", "data.max_steps=6", "data.action_horizon=2")
+    assert dataset_selection(star) == dataset_selection(named) == {"tasks": TASKS, "max_frames": 6}
+    assert _episodes(open_dataset(star, generate=False)) == [(e, min(n, 6), TASKS[e % 3])
+                                                             for e, n in enumerate(LENGTHS)]
+    for sets in (["data.tasks=['*', 'reach-v3']"], []):
+        with pytest.raises(ConfigError, match=r"data.tasks: expected \['\*'\] alone, with data.source = 'lerobot'"):
+            load_config(tiny_config, ["data.tasks=['*']", *sets] if sets else ["data.tasks=['*']"])
+
+
+def test_lf_eval_of_a_star_run_rolls_out_the_datasets_meta_world_tasks(tiny_config, lerobot_dir, dataset_dir):
+    """`lf eval` of a data.tasks = ['*'] run: a dataset of Meta-World instructions gives their task names; one with
+    another task ('wave at the camera') is refused naming it; --tasks wins over data.tasks."""
+    from lf_orchestrator.evaluate import eval_tasks
+
+    assert eval_tasks(_cfg(tiny_config, dataset_dir, "data.tasks=['*']")) == ["reach-v3"]
+    with pytest.raises(ValueError, match="not Meta-World instructions \\('wave at the camera', ...\\)"):
+        eval_tasks(_cfg(tiny_config, lerobot_dir, "data.tasks=['*']"))
+    assert eval_tasks(_cfg(tiny_config, lerobot_dir, "data.tasks=['*']"), ["push-v3"]) == ["push-v3"]

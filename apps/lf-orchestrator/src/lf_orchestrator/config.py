@@ -20,6 +20,9 @@ import msgspec
 
 from lf_orchestrator.families.sections import CorpusSection, VAESection, VideoSection, VLMSection
 
+ALL_TASKS = "*"
+"""``data.tasks = ["*"]``: every task of a LeRobot dataset."""
+
 
 class ConfigError(ValueError):
     """A config that cannot run; the message names the file and the dotted key."""
@@ -49,7 +52,8 @@ class DataSection(_Section):
     """Dataset folder (LeRobot v3.0)."""
     tasks: list[str] = msgspec.field(
         default_factory=lambda: ["reach-v3", "push-v3", "drawer-close-v3"])
-    """Meta-World tasks to generate and evaluate."""
+    """Meta-World tasks to generate and evaluate; with ``source = "lerobot"`` task strings of the dataset or
+    Meta-World names standing for their instructions, or ``["*"]``: every task of the dataset."""
     episodes_per_task: int = 40
     """Expert episodes per task."""
     image_size: int = 64
@@ -423,6 +427,8 @@ def check_config(cfg: Config, where: str = "config", *, check_paths: bool = True
         raise ConfigError(f"{where}: data.path: no LeRobot dataset at '{d.path}' "
                           f"(expected {Path(d.path) / 'meta' / 'info.json'})")
     _require(len(d.tasks) > 0, where, "data.tasks", "at least one task", d.tasks)
+    _require(ALL_TASKS not in d.tasks or (d.tasks == [ALL_TASKS] and d.source == "lerobot"), where, "data.tasks",
+             "['*'] alone, with data.source = 'lerobot' (every task of the dataset), or task names", d.tasks)
     _require(e.seed != d.seed, where, "eval.seed",
              "a seed other than data.seed (evaluation goals must differ from training goals)", e.seed)
     _check_tasks(cfg, where)

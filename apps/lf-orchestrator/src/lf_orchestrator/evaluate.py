@@ -157,6 +157,27 @@ def _baselines(tasks: list[str], action_dim: int, horizon: int, kw: dict[str, An
     return out
 
 
+def eval_tasks(cfg, tasks: list[str] | None = None) -> list[str]:
+    """The Meta-World task names to roll out: ``tasks`` if given, else ``data.tasks``; ``["*"]`` (every task of the
+    run's LeRobot dataset) becomes the names of the dataset's tasks, each a Meta-World instruction.
+
+    Raises:
+        ValueError: under ``["*"]``, a dataset task that is no Meta-World instruction (it cannot be rolled out).
+    """
+    from lf_data import METAWORLD_INSTRUCTIONS, load_lerobot_meta
+
+    tasks = list(tasks or cfg.data.tasks)
+    if tasks != ["*"]:
+        return tasks
+    names = {text: name for name, text in METAWORLD_INSTRUCTIONS.items()}
+    have = load_lerobot_meta(cfg.data.path).tasks
+    other = [t for t in have if t not in names]
+    if other:
+        raise ValueError(f"data.tasks = ['*']: the dataset at {cfg.data.path} holds tasks that are not Meta-World "
+                         f"instructions ({other[0]!r}, ...); pass --tasks with Meta-World task names")
+    return [names[t] for t in have]
+
+
 def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = None,
                  tasks: Sequence[str] | None = None, random_baseline: bool | None = None,
                  out_name: str = "eval.json", baselines: Sequence[str] = (),
@@ -180,7 +201,7 @@ def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = 
     cfg = load_config(run_dir / "config.toml")
     e = cfg.eval
     episodes = episodes or e.episodes
-    tasks = list(tasks or cfg.data.tasks)
+    tasks = eval_tasks(cfg, tasks)
     from lf_data import METAWORLD_INSTRUCTIONS
 
     unknown = [t for t in tasks if t not in METAWORLD_INSTRUCTIONS]

@@ -130,6 +130,9 @@ def _check_video(cfg, rcfg, where: str) -> None:
                 _fail(where, key, f"a positive multiple of {side} (VAE stride x patch)", value)
         if v.synthetic_clips < 1:
             _fail(where, "video.synthetic_clips", "an integer >= 1", v.synthetic_clips)
+        if cfg.data.tasks == ["*"]:
+            _fail(where, "data.tasks", "task names (synthetic clips are labelled with their instructions; no "
+                  "dataset to take every task from)", cfg.data.tasks)
     else:
         if v.frames > cfg.data.max_steps:
             _fail(where, "video.frames", f"at most data.max_steps ({cfg.data.max_steps})", v.frames)

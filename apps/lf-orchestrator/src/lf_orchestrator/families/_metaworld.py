@@ -27,20 +27,20 @@ def dataset_selection(cfg) -> dict:
 
     A ``data.tasks`` entry names a task string of the dataset (``meta/tasks.parquet``), or a Meta-World task
     name (``reach-v3``) whose instruction (``lf_data.METAWORLD_INSTRUCTIONS``) is one; episodes of other tasks
-    are skipped. Each episode keeps its first ``data.max_steps`` frames.
+    are skipped; ``["*"]`` selects every task. Each episode keeps its first ``data.max_steps`` frames.
 
     Raises:
         ConfigError: a ``data.tasks`` entry that the dataset does not hold (the message lists those it holds).
     """
     from lf_data import METAWORLD_INSTRUCTIONS, load_lerobot_meta
-    from lf_orchestrator.config import ConfigError
+    from lf_orchestrator.config import ALL_TASKS, ConfigError
 
     d = cfg.data
     if d.source != "lerobot":
         return {}
     have = load_lerobot_meta(d.path).tasks
     tasks = []
-    for name in d.tasks:
+    for name in (list(have) if d.tasks == [ALL_TASKS] else d.tasks):
         task = name if name in have else METAWORLD_INSTRUCTIONS.get(name)
         if task not in have:
             shown = ", ".join(repr(t) for t in have[:20]) + (f", ... ({len(have)} in all)" if len(have) > 20 else "")
