@@ -248,10 +248,12 @@ class RecipeTrainer:
         idx = [next(self._indices) for _ in range(self.plan.micro_batch)]
         return self.family.collate(idx, step)
 
-    def step_batches(self) -> list[dict[str, torch.Tensor]]:
-        """This step's ``grad_accum`` micro-batches on the device (drawn ahead by :attr:`prefetcher`)."""
-        return [{k: v.to(self.ctx.device, non_blocking=True) for k, v in b.items()}
-                for b in self.prefetcher.batches(self.step)]
+    def step_batches(self) -> tuple[list[dict[str, torch.Tensor]], int]:
+        """(this step's ``grad_accum`` micro-batches on the device, drawn ahead by :attr:`prefetcher`; their
+        target units, counted on the host copies: no device sync)."""
+        host = self.prefetcher.batches(self.step)
+        units = sum(int(self.family.normalizer(b)) for b in host)
+        return [{k: v.to(self.ctx.device, non_blocking=True) for k, v in b.items()} for b in host], units
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step over ``grad_accum`` micro-batches; returns its scalars."""
@@ -259,9 +261,8 @@ class RecipeTrainer:
             from lf_orchestrator.families._pipeline_step import pipeline_train_step
 
             return pipeline_train_step(self)
-        batches = self.step_batches()
+        batches, local = self.step_batches()
         replicas = self.ctx.world_size // self.plan.dp  # tp and cp ranks holding the same samples
-        local = sum(int(self.family.normalizer(b)) for b in batches)
         units = global_sum(torch.tensor(float(local), device=self.ctx.device), self.ctx) / replicas
         # cp ranks compute shares of the loss and DDP / FSDP average over dp x cp (families/_context.py)
         denom = units.clamp(min=1.0) / (self.plan.dp * self.plan.cp)

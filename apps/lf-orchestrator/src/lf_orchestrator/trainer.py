@@ -206,16 +206,17 @@ class Trainer:
         batch["sample_seed"] = sample_seeds(self.cfg.run.seed, step, idx)
         return batch
 
-    def step_batches(self) -> list[dict[str, torch.Tensor]]:
-        """This step's ``grad_accum`` micro-batches on the device, images at the model's size (collated ahead
-        by :attr:`prefetcher`)."""
+    def step_batches(self) -> tuple[list[dict[str, torch.Tensor]], int]:
+        """(this step's ``grad_accum`` micro-batches on the device, images at the model's size, collated ahead
+        by :attr:`prefetcher`; their target tokens, counted on the host copies: no device sync)."""
+        host = self.prefetcher.batches(self.step)
+        tokens = sum(int(self.model.loss_normalizer(b)) for b in host)
         return [assembly.fit_images({k: v.to(self.ctx.device, non_blocking=True) for k, v in b.items()},
-                                    self.model.cfg.image_size) for b in self.prefetcher.batches(self.step)]
+                                    self.model.cfg.image_size) for b in host], tokens
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step over ``grad_accum`` micro-batches; returns its scalars."""
-        batches = self.step_batches()
-        local_tokens = sum(int(self.model.loss_normalizer(b)) for b in batches)
+        batches, local_tokens = self.step_batches()
         tokens = global_sum(torch.tensor(float(local_tokens), device=self.ctx.device), self.ctx)
         # DDP averages gradients over ranks, so scale by world size to get sum / global tokens.
         denom = tokens.clamp(min=1.0) / self.ctx.world_size

@@ -185,9 +185,8 @@ def pipeline_train_step(trainer) -> dict[str, float]:
     from lf_orchestrator.recipe_trainer import clip_grad_norm
 
     plan, ctx, pipe = trainer.plan, trainer.ctx, trainer.pipe
-    batches = trainer.step_batches()
+    batches, local = trainer.step_batches()
     replicas = ctx.world_size // plan.dp  # tp x pp ranks holding the same batch
-    local = sum(int(trainer.family.normalizer(b)) for b in batches)
     units = global_sum(torch.tensor(float(local), device=ctx.device), ctx) / replicas
     pipe.loss.denom = units.clamp(min=1.0) / plan.dp
     pipe.loss.scale = trainer.scaler.scale
