@@ -24,7 +24,7 @@ import torch
 from tokenizers import Tokenizer
 
 from lf_data import LeRobotDataset, VLABatchEncoder, build_instruction_tokenizer
-from lf_ir import VLAConfig, VLAModel, materialize, to_json, vla_config
+from lf_ir import VLAConfig, VLAModel, materialize, to_json, use_fused_ops, vla_config
 from lf_ir.recipes.vla_flow import VLAFlowConfig, VLAFlowModel, vla_flow_config
 from lf_orchestrator._fast_actions import FastBatchEncoder, fit_fast_encoder, load_fast_encoder
 from lf_orchestrator.checkpoint import write_text_atomic
@@ -133,11 +133,18 @@ def fit_images(batch: dict[str, torch.Tensor], side: int) -> dict[str, torch.Ten
     return {**batch, "image": resized}
 
 
-def build_model(vla_cfg: VLAConfig | VLAFlowConfig, device: torch.device, seed: int) -> VLAModel | VLAFlowModel:
-    """Lower the VLA graph (token or flow, by the config type) on the meta device and materialize it on ``device``."""
+def build_model(vla_cfg: VLAConfig | VLAFlowConfig, device: torch.device, seed: int, *,
+                fused_ops: bool = False) -> VLAModel | VLAFlowModel:
+    """Lower the VLA graph (token or flow, by the config type) on the meta device and materialize it on ``device``.
+
+    ``fused_ops`` (``model.fused_ops``): switch its modules to lf-kernels' fused ops (``lf_ir.use_fused_ops``).
+    """
     with torch.device("meta"):
         model = VLAFlowModel(vla_cfg) if isinstance(vla_cfg, VLAFlowConfig) else VLAModel(vla_cfg)
-    return materialize(model, device, seed)
+    model = materialize(model, device, seed)
+    if fused_ops:
+        use_fused_ops(model)
+    return model
 
 
 def save_model_spec(model: VLAModel | VLAFlowModel, run_dir: Path) -> None:

@@ -99,6 +99,11 @@ class ModelSection(_Section):
     """Named size of the recipe."""
     overrides: dict[str, int] = msgspec.field(default_factory=dict)
     """Recipe config fields to override (e.g. ``dim = 256``)."""
+    fused_ops: bool = False
+    """Run the lowered model's RMSNorm, SwiGLU, RoPE (1D, M-RoPE, Wan 3D) and adaLN modulation through
+    lf-kernels' fused Triton ops (``lf_ir.use_fused_ops``; CUDA, else each op's PyTorch reference). Weights and
+    checkpoints are the same either way; DTensor (tensor-parallel) inputs keep the plain code. Off until its
+    speed and memory are measured on the GPU."""
 
 
 class TrainSection(_Section):

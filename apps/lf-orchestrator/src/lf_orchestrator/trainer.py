@@ -139,7 +139,7 @@ class Trainer:
             if ctx.is_main:
                 assembly.save_encoder(self.encoder, self.run_dir)
         vla_cfg = assembly.model_config(cfg, self.encoder)
-        self.model = assembly.build_model(vla_cfg, ctx.device, cfg.run.seed)
+        self.model = assembly.build_model(vla_cfg, ctx.device, cfg.run.seed, fused_ops=cfg.model.fused_ops)
         if ctx.is_main:
             assembly.save_model_spec(self.model, self.run_dir)
         self.precision = resolve_precision(cfg.memory.precision, ctx.device)

@@ -8,6 +8,7 @@ typed nodes with shapes, parameter counts and FLOPs. Recipes build graphs;
 from lf_ir import _lower_vae, _lower_video, flow  # noqa: F401  (register the lowerings of their node families)
 from lf_ir._base import SeqSplit, TPStyle
 from lf_ir._cost import node_backward_flops, node_forward_flops, node_params
+from lf_ir._fused import RMSNormModule, use_fused_ops
 from lf_ir._graph import (
                           Component,
                           Edge,
@@ -65,7 +66,7 @@ from lf_ir.recipes.vla_flow import VLAFlowConfig, VLAFlowModel, vla_flow_config
 from lf_ir.recipes.wan_dit import WanDiTConfig, WanDiTModel, latent_grid, video_tokens, wan_dit_config
 from lf_ir.recipes.wan_vae import WanVAE, WanVAEConfig, decode_flops, encode_flops, latent_shape, wan_vae_config
 
-__version__ = "0.5.1"
+__version__ = "0.6.0"
 
 __all__ = [
     "ActionTimeEmbed", "JointAttentionBlock", "VLAFlowConfig", "VLAFlowModel", "vla_flow_config",
@@ -82,4 +83,5 @@ __all__ = [
     "mrope_position_ids", "next_token_loss", "node_backward_flops", "node_forward_flops", "node_params",
     "param_count", "qwen2_vl_config", "register_lowering", "rope_cos_sin", "rope_inv_freq", "summary_rows",
     "to_json", "validate", "video_tokens", "vision_rope_cos_sin", "vla_config", "wan_dit_config", "wan_vae_config",
+    "RMSNormModule", "use_fused_ops",
 ]

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lf_ir._fused import RMSNormModule, fusable, rotary_fits
 from lf_ir._graph import Component
 from lf_ir._nodes import (
     MLP,
@@ -34,7 +35,7 @@ from lf_ir._nodes import (
     _Node,
 )
 from lf_ir._rope_torch import apply_rope, rope_cos_sin
-from lf_kernels import MaskSpec, attention
+from lf_kernels import MaskSpec, apply_rotary, attention, swiglu
 
 INIT_STD = 0.02
 """Standard deviation of the normal init for weights (GPT-2 / ViT convention)."""
@@ -68,7 +69,11 @@ class AttentionModule(nn.Module):
     ``positions`` (batch, seq) int64 gives each token's rotary position
     (default ``0..seq-1``); it is ignored without RoPE. ``document_ids`` (batch, seq)
     int marks packed documents: attention also stays within a document (lf-kernels).
+    With ``fused`` set (:func:`lf_ir.use_fused_ops`) the rotation runs :func:`lf_kernels.apply_rotary`
+    on the same cos/sin tables.
     """
+
+    fused: bool = False
 
     def __init__(self, node: Attention):
         super().__init__()
@@ -90,14 +95,19 @@ class AttentionModule(nn.Module):
             if positions is None:
                 positions = torch.arange(s, device=x_bsd.device).expand(b, s)
             cos, sin = rope_cos_sin(self.rope, self.head_dim, positions, q_bhsd.dtype)
-            q_bhsd, k_bhsd = apply_rope(q_bhsd, cos, sin), apply_rope(k_bhsd, cos, sin)
+            if self.fused and rotary_fits(q_bhsd, cos, sin) and rotary_fits(k_bhsd, cos, sin):
+                q_bhsd, k_bhsd = apply_rotary(q_bhsd, cos, sin), apply_rotary(k_bhsd, cos, sin)
+            else:
+                q_bhsd, k_bhsd = apply_rope(q_bhsd, cos, sin), apply_rope(k_bhsd, cos, sin)
         docs = {} if document_ids is None else {"document_ids": document_ids}
         out_bhsd = attention(q_bhsd, k_bhsd, v_bhsd, mask, key_padding=key_padding, **docs)
         return self.o(out_bhsd.transpose(1, 2).reshape(b, s, -1))
 
 
 class MLPModule(nn.Module):
-    """GELU MLP or SwiGLU on the last dim."""
+    """GELU MLP or SwiGLU on the last dim; with ``fused`` set, SwiGLU runs :func:`lf_kernels.swiglu`."""
+
+    fused: bool = False
 
     def __init__(self, node: MLP):
         super().__init__()
@@ -109,7 +119,10 @@ class MLPModule(nn.Module):
 
     def forward(self, x_bsd: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
-            return self.down(nn.functional.silu(self.gate(x_bsd)) * self.up(x_bsd))
+            gate, up = self.gate(x_bsd), self.up(x_bsd)
+            if self.fused and fusable(gate, up):
+                return self.down(swiglu(gate, up))
+            return self.down(nn.functional.silu(gate) * up)
         return self.down(nn.functional.gelu(self.up(x_bsd)))
 
 
@@ -192,7 +205,7 @@ register_lowering(Embedding)(lambda node: nn.Embedding(node.num_embeddings, node
 register_lowering(Linear)(lambda node: nn.Linear(node.in_features, node.out_features, bias=node.bias))
 register_lowering(PatchEmbed2D)(PatchEmbedModule)
 register_lowering(LearnedPositional)(LearnedPositionalModule)
-register_lowering(Norm)(lambda node: (nn.LayerNorm if node.kind == "layer" else nn.RMSNorm)(node.dim, eps=node.eps))
+register_lowering(Norm)(lambda node: (nn.LayerNorm if node.kind == "layer" else RMSNormModule)(node.dim, eps=node.eps))
 register_lowering(Attention)(AttentionModule)
 register_lowering(MLP)(MLPModule)
 register_lowering(TransformerBlock)(TransformerBlockModule)

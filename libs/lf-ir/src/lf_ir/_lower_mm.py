@@ -14,13 +14,14 @@ import functools
 import torch
 from torch import nn
 
+from lf_ir._fused import rotary_fits
 from lf_ir._lower import TransformerBlockModule, lower_node, register_lowering
 from lf_ir._mrope import MRoPE
 from lf_ir._mrope_torch import apply_rope_fp32, mrope_cos_sin
 from lf_ir._nodes_mm import MMAttention, MMBlock
 from lf_ir._nodes_vision import FeedForward, PatchEmbed3D, PatchMerger
 from lf_ir._rope_torch import apply_rope
-from lf_kernels import MaskSpec, attention, choose_backend
+from lf_kernels import MaskSpec, apply_rotary, attention, choose_backend
 
 _ACTIVATIONS = {
     "gelu": nn.functional.gelu,
@@ -94,7 +95,11 @@ class MMAttentionModule(nn.Module):
     documents where lf-kernels serves them block-sparse (CUDA: FlexAttention, whose block mask is then built
     once per segment list, or a varlen kernel; one kernel for all images instead of one per image), else one
     call per segment (CPU: a dense mask over all images would cost more than the per-image calls).
+    With ``fused`` set (:func:`lf_ir.use_fused_ops`) the M-RoPE rotation runs :func:`lf_kernels.apply_rotary`
+    on the same tables (the vision rotation stays plain).
     """
+
+    fused: bool = False
 
     def __init__(self, node: MMAttention):
         super().__init__()
@@ -123,6 +128,9 @@ class MMAttentionModule(nn.Module):
                     positions = torch.arange(s, device=x_bsd.device).view(1, 1, s).expand(3, b, s)
                 cos_sin = mrope_cos_sin(self.rope, self.head_dim, positions, q_bhsd.dtype)
             rotate = apply_rope if isinstance(self.rope, MRoPE) else apply_rope_fp32
+            if (self.fused and isinstance(self.rope, MRoPE) and rotary_fits(q_bhsd, *cos_sin)
+                    and rotary_fits(k_bhsd, *cos_sin)):
+                rotate = apply_rotary
             q_bhsd, k_bhsd = rotate(q_bhsd, *cos_sin), rotate(k_bhsd, *cos_sin)
         if segments is None:
             out_bhsd = attention(q_bhsd, k_bhsd, v_bhsd, mask, key_padding=key_padding)

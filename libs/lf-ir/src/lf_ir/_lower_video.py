@@ -19,13 +19,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from lf_ir import _lower_mm  # noqa: F401  (registers the FeedForward lowering)
+from lf_ir._fused import RMSNormModule, modulate_fits, rotary_fits
 from lf_ir._lower import lower_node, register_lowering
 from lf_ir._nodes_dit import DiTAttention, DiTBlock
 from lf_ir._nodes_video import AdaLNHead, AdaLNModulation, TextProjection, TimestepEmbedding, VideoPatchEmbed
 from lf_ir._rope3d_torch import apply_rope3d
-from lf_kernels import MaskSpec, attention
+from lf_kernels import MaskSpec, apply_rotary, attention, modulate
 
 _FULL = MaskSpec(kind="full")
+
+
+def _modulate(fused: bool, h_btd: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """adaLN ``h * (1 + scale) + shift`` in float32 (``h`` float32 (batch, tokens, dim), ``shift`` / ``scale``
+    float32 (batch, 1, dim)); with ``fused`` :func:`lf_kernels.modulate` where it takes the inputs."""
+    if fused and modulate_fits(h_btd, shift, scale):
+        return modulate(h_btd, shift, scale)
+    return h_btd * (1 + scale) + shift
 
 
 class FP32LayerNorm(nn.LayerNorm):
@@ -101,7 +110,12 @@ class AdaLNModulationModule(nn.Module):
 
 @register_lowering(AdaLNHead)
 class AdaLNHeadModule(nn.Module):
-    """(x (batch, tokens, dim), temb (batch, dim)) -> (batch, tokens, out_features)."""
+    """(x (batch, tokens, dim), temb (batch, dim)) -> (batch, tokens, out_features).
+
+    With ``fused`` set (:func:`lf_ir.use_fused_ops`) the modulation runs :func:`lf_kernels.modulate`.
+    """
+
+    fused: bool = False
 
     def __init__(self, node: AdaLNHead):
         super().__init__()
@@ -111,22 +125,34 @@ class AdaLNHeadModule(nn.Module):
 
     def forward(self, x_bsd: torch.Tensor, temb_bd: torch.Tensor) -> torch.Tensor:
         shift, scale = self.modulation(temb_bd.unsqueeze(1))
-        x_bsd = (self.norm(x_bsd.float()) * (1 + scale) + shift).type_as(x_bsd)
+        x_bsd = _modulate(self.fused, self.norm(x_bsd.float()), shift, scale).type_as(x_bsd)
         return self.proj(x_bsd)
 
 
 @register_lowering(DiTAttention)
 class DiTAttentionModule(nn.Module):
     """q/k-RMSNormed full attention; ``context`` (batch, text, dim) for cross-attention, ``rope`` tables
-    (cos, sin) from :func:`lf_ir._rope3d_torch.rope3d_cos_sin` for self-attention."""
+    (cos, sin) from :func:`lf_ir._rope3d_torch.rope3d_cos_sin` for self-attention. With ``fused`` set
+    (:func:`lf_ir.use_fused_ops`) the rotation runs :func:`lf_kernels.apply_rotary` (interleaved pairs)
+    on the same tables."""
+
+    fused: bool = False
 
     def __init__(self, node: DiTAttention):
         super().__init__()
         self.heads = node.heads
         d = node.dim
         self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
-        self.norm_q = nn.RMSNorm(d, eps=node.eps)
-        self.norm_k = nn.RMSNorm(d, eps=node.eps)
+        self.norm_q = RMSNormModule(d, eps=node.eps)
+        self.norm_k = RMSNormModule(d, eps=node.eps)
+
+    @staticmethod
+    def _rope_fits(q_bshd: torch.Tensor, k_bshd: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+        """Tables (1 | batch, tokens, 1, head_dim) that :func:`lf_kernels.apply_rotary` takes for q and k."""
+        if cos.dim() != 4 or cos.shape[2] != 1 or cos.shape != sin.shape:
+            return False
+        cos, sin = cos[:, :, 0], sin[:, :, 0]
+        return rotary_fits(q_bshd.transpose(1, 2), cos, sin) and rotary_fits(k_bshd.transpose(1, 2), cos, sin)
 
     def forward(self, x_bsd: torch.Tensor, context: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -135,7 +161,12 @@ class DiTAttentionModule(nn.Module):
         k_bshd = self.norm_k(self.k(kv_in)).unflatten(2, (self.heads, -1))
         v_bshd = self.v(kv_in).unflatten(2, (self.heads, -1))
         if rope is not None:
-            q_bshd, k_bshd = apply_rope3d(q_bshd, *rope), apply_rope3d(k_bshd, *rope)
+            if self.fused and self._rope_fits(q_bshd, k_bshd, *rope):
+                cos, sin = rope[0][:, :, 0], rope[1][:, :, 0]  # (1, tokens, 1, head_dim) -> (1, tokens, head_dim)
+                q_bshd = apply_rotary(q_bshd, cos, sin, layout="bshd", interleaved=True)
+                k_bshd = apply_rotary(k_bshd, cos, sin, layout="bshd", interleaved=True)
+            else:
+                q_bshd, k_bshd = apply_rope3d(q_bshd, *rope), apply_rope3d(k_bshd, *rope)
         out_bhsd = attention(q_bshd.transpose(1, 2), k_bshd.transpose(1, 2), v_bshd.transpose(1, 2), _FULL)
         return self.o(out_bhsd.transpose(1, 2).flatten(2).type_as(q_bshd))
 
@@ -145,8 +176,11 @@ class DiTBlockModule(nn.Module):
     """The Wan2.1 block (see :class:`lf_ir._nodes_dit.DiTBlock` for the equations).
 
     forward(x (batch, tokens, dim), context (batch, text, dim), modulation (batch, 6, dim),
-    rope (cos, sin)) -> (batch, tokens, dim).
+    rope (cos, sin)) -> (batch, tokens, dim). With ``fused`` set (:func:`lf_ir.use_fused_ops`) both
+    modulations run :func:`lf_kernels.modulate`.
     """
+
+    fused: bool = False
 
     def __init__(self, node: DiTBlock):
         super().__init__()
@@ -159,9 +193,9 @@ class DiTBlockModule(nn.Module):
     def forward(self, x_bsd: torch.Tensor, context: torch.Tensor, emb_bcd: torch.Tensor,
                 rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         shift, scale, gate, c_shift, c_scale, c_gate = self.modulation(emb_bcd)
-        h = (self.norm1(x_bsd.float()) * (1 + scale) + shift).type_as(x_bsd)
+        h = _modulate(self.fused, self.norm1(x_bsd.float()), shift, scale).type_as(x_bsd)
         x_bsd = (x_bsd.float() + self.self_attn(h, rope=rope) * gate).type_as(x_bsd)
         h = self.norm2(x_bsd.float()).type_as(x_bsd)
         x_bsd = x_bsd + self.cross_attn(h, context=context)
-        h = (self.norm3(x_bsd.float()) * (1 + c_scale) + c_shift).type_as(x_bsd)
+        h = _modulate(self.fused, self.norm3(x_bsd.float()), c_shift, c_scale).type_as(x_bsd)
         return (x_bsd.float() + self.ffn(h).float() * c_gate).type_as(x_bsd)

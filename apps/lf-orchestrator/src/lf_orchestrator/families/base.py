@@ -67,8 +67,9 @@ class Family(abc.ABC):
         """Tokens per sample of the main component (for the plan search and throughput)."""
 
     def build_model(self, device: torch.device) -> nn.Module:
-        """The lowered recipe model on ``device`` (seeded by ``run.seed``)."""
-        return build_model(self.cfg.model.recipe, self.recipe_cfg, self.graph, device, self.cfg.run.seed)
+        """The lowered recipe model on ``device`` (seeded by ``run.seed``; fused ops per ``model.fused_ops``)."""
+        return build_model(self.cfg.model.recipe, self.recipe_cfg, self.graph, device, self.cfg.run.seed,
+                           fused_ops=self.cfg.model.fused_ops)
 
     @abc.abstractmethod
     def collate(self, indices: list[int], step: int) -> dict[str, torch.Tensor]:

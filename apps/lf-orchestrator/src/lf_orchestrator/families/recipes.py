@@ -26,13 +26,20 @@ def recipe_config(recipe: str, size: str, overrides: dict):
     return cfg, mod.build_graph(cfg)
 
 
-def build_model(recipe: str, rcfg, graph, device, seed: int):
-    """The lowered model built on ``meta`` and materialized on ``device`` with lf-ir's deterministic init."""
+def build_model(recipe: str, rcfg, graph, device, seed: int, *, fused_ops: bool = False):
+    """The lowered model built on ``meta`` and materialized on ``device`` with lf-ir's deterministic init.
+
+    ``fused_ops`` (``model.fused_ops``): switch its modules to lf-kernels' fused ops (``lf_ir.use_fused_ops``);
+    the weights are the same either way.
+    """
     import torch
 
-    from lf_ir import materialize
+    from lf_ir import materialize, use_fused_ops
 
     mod = importlib.import_module(f"lf_ir.recipes.{recipe}")
     with torch.device("meta"):
         model = getattr(mod, _MODEL[recipe][1])(rcfg, graph)
-    return materialize(model, device, seed)
+    model = materialize(model, device, seed)
+    if fused_ops:
+        use_fused_ops(model)
+    return model

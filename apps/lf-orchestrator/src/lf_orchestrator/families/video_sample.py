@@ -31,7 +31,7 @@ def load_video_model(cfg, run_dir: Path, device: torch.device | str = "cpu"):
     if ckpt is None:
         raise FileNotFoundError(f"{run_dir}: no complete checkpoint under {Path(run_dir) / 'checkpoints'}")
     rcfg, graph = recipe_config(cfg.model.recipe, cfg.model.size, cfg.model.overrides)
-    model = build_model(cfg.model.recipe, rcfg, graph, device, cfg.run.seed)
+    model = build_model(cfg.model.recipe, rcfg, graph, device, cfg.run.seed, fused_ops=cfg.model.fused_ops)
     if cfg.train.lora_rank > 0:
         apply_lora(model, cfg.train.lora_targets, cfg.train.lora_rank, cfg.train.lora_alpha, seed=cfg.run.seed)
     model.load_state_dict(load_model_weights(ckpt))
