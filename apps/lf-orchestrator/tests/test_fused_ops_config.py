@@ -57,3 +57,5 @@ def test_lf_run_with_fused_ops_trains_with_finite_losses(tmp_path):
     losses = {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
     assert sorted(losses) == [1, 2] and all(math.isfinite(v) for v in losses.values()), losses
     assert "fused_ops = true" in (run_dir / "config.toml").read_text()
+    rcfg, _ = recipe_config("llama3", "tiny", {})
+    assert json.loads((run_dir / "plan.json").read_text())["fused_ops"] == 4 * rcfg.layers + 1

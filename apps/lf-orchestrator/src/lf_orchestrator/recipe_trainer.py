@@ -106,6 +106,10 @@ def prepare_model(family, cfg, device: torch.device) -> tuple[nn.Module, dict]:
         info["frozen_params"] = len(freeze(model, t.freeze))
     info["params"] = sum(p.numel() for p in model.parameters())
     info["trainable_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if cfg.model.fused_ops:  # modules switched to lf-kernels' fused ops (lf_ir.use_fused_ops)
+        from lf_ir._fused import fused_modules
+
+        info["fused_ops"] = sum(m.fused for m in fused_modules(model))
     return model, info
 
 
