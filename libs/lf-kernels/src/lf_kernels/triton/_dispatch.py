@@ -7,10 +7,15 @@ mixed devices, no Triton) takes the plain-PyTorch reference, so models keep
 working everywhere.
 
 The kernel modules are imported lazily, on the first call that takes Triton:
-``triton.jit`` fixes interpreted-vs-compiled when a kernel is defined, so
-``TRITON_INTERPRET`` must be set before that first call (not before
-``import lf_kernels``). If the kernels were already defined in compiled mode,
-CPU tensors take the reference even when the variable is set later.
+``triton.jit`` fixes interpreted-vs-compiled when a kernel is defined. In
+practice ``TRITON_INTERPRET`` must be set before ``triton`` itself is first
+imported, and PyTorch imports it early (building a model reaches
+``torch._dynamo``, which imports triton): set it in the environment of the
+process, as the CPU tests do. Set later, this module still reports
+``"triton"`` for CPU tensors, but the kernels fail with Triton's
+``InterpreterError`` ("Cannot call @triton.jit'd outside of the scope of a
+kernel"). If the kernels were already defined in compiled mode, CPU tensors
+take the reference even when the variable is set later.
 """
 
 from __future__ import annotations
