@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 from lf_orchestrator.cli import app
 from lf_orchestrator.config import ConfigError, load_config, to_toml
 
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
 runner = CliRunner()
 
 
@@ -94,8 +96,10 @@ def test_early_checks_name_the_key():
     cases = {"data.tasks=['reach-v33']": "data.tasks: unknown Meta-World task 'reach-v33'; did you mean",
              "model.size='huge'": "model.size: expected one of ['3B', 'small', 'tiny'], got 'huge'",
              "model.overrides.bogus=3": "model.overrides: unknown field 'bogus'",
-             "model.overrides={dim=64, mrope=[8, 12, 12]}": "model.overrides.mrope: expected int, got array",
-             "model.overrides={dim=1.5}": "model.overrides.dim: expected int, got float",
+             "model.overrides={dim=1.5}": "model.overrides.dim: expected int, got 1.5",
+             "model.overrides={mrope_section=[1, 2]}": "model.overrides: unknown field 'mrope_section'",
+             "model.overrides={dim={a=1}}":
+                 "model.overrides.dim: expected bool | int | float | str | array, got object",
              "run.seed=-1": "run.seed: expected a value >= 0, got -1",
              "train.warmup_steps=5000": "train.warmup_steps: expected at most train.steps (1500)",
              "run.name=''": "run.name: expected a non-empty folder name",
@@ -162,3 +166,24 @@ def test_config_schema_carries_field_docstrings():
     missing = [f"{name}.{field}" for name, d in defs.items() if name != "Config"
                for field, prop in d["properties"].items() if not prop.get("description")]
     assert missing == []
+
+
+def test_model_overrides_take_each_recipe_fields_type():
+    """Floats, bools and arrays reach the recipe config converted to its field types (an array becomes the tuple
+    mrope_section holds); a value of another type is refused naming model.overrides.<field> and the value."""
+    from lf_orchestrator.families.recipes import recipe_config
+
+    llm = EXAMPLES / "llama3_pretrain.toml"
+    cfg = load_config(llm, ["model.overrides={vocab_size=512, norm_eps=1e-5, tie_embeddings=true}"])
+    rcfg, _ = recipe_config(cfg.model.recipe, cfg.model.size, cfg.model.overrides)
+    assert (rcfg.norm_eps, rcfg.tie_embeddings, rcfg.vocab_size) == (1e-5, True, 512)
+    vlm = load_config(EXAMPLES / "qwen2_vl_sft.toml", ["model.overrides.mrope_section=[4, 2, 2]",
+                                                       "model.overrides.dim=64", "model.overrides.heads=4"])
+    rcfg, _ = recipe_config(vlm.model.recipe, vlm.model.size, vlm.model.overrides)
+    assert rcfg.mrope_section == (4, 2, 2)
+    cases = {"model.overrides.norm_eps='x'": "model.overrides.norm_eps: expected float, got 'x'",
+             "model.overrides.tie_embeddings=1": "model.overrides.tie_embeddings: expected bool, got 1",
+             "model.overrides.dim=true": "model.overrides.dim: expected int, got True"}
+    for override, message in cases.items():
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_config(llm, [override])

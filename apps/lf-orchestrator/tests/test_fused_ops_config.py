@@ -59,3 +59,21 @@ def test_lf_run_with_fused_ops_trains_with_finite_losses(tmp_path):
     assert "fused_ops = true" in (run_dir / "config.toml").read_text()
     rcfg, _ = recipe_config("llama3", "tiny", {})
     assert json.loads((run_dir / "plan.json").read_text())["fused_ops"] == 4 * rcfg.layers + 1
+
+
+def test_vla_plan_json_counts_the_fused_modules(tiny_config, tmp_path):
+    """The VLA trainer with model.fused_ops = true: plan.json counts the switched modules, as many as lf-ir lists
+    in the same VLA rebuilt from the run's model.json; the run trains (CPU: the ops' PyTorch references)."""
+    from typer.testing import CliRunner
+
+    from lf_orchestrator import assembly
+    from lf_orchestrator.cli import app
+
+    run_dir = tmp_path / "vla"
+    out = CliRunner().invoke(app, ["run", str(tiny_config), "--run-dir", str(run_dir), "--set", "model.fused_ops=true",
+                                   "--set", "train.steps=2", "--set", "train.warmup_steps=1", "--set",
+                                   "eval.at_end=false"])
+    assert out.exit_code == 0, out.output
+    rebuilt = assembly.build_model(assembly.load_model_config(run_dir), torch.device("cpu"), 0, fused_ops=True)
+    expected = len(fused_modules(rebuilt))
+    assert expected > 0 and json.loads((run_dir / "plan.json").read_text())["fused_ops"] == expected

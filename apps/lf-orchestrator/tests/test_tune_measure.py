@@ -57,7 +57,7 @@ def test_tune_measure_trains_with_the_measured_fastest_plan_and_matches_a_manual
         assert row["measured_step_s"] > 0 and row["predicted_step_s"] > 0 and row["peak_gib"] is None
         assert row["prediction_error"] == pytest.approx(row["predicted_step_s"] / row["measured_step_s"] - 1)
     best = min(rows, key=lambda r: r["measured_step_s"])
-    assert info["source"] == "auto (measured)" and info["plan"] == best["plan"]
+    assert info["source"] == "auto, measured" and info["plan"] == best["plan"]
     assert info["recompute"] == best["recompute"] and info["measured_step_s"] == best["measured_step_s"]
     assert f"tune 3/3: {rows[2]['plan']}" in " ".join(out.output.split())
     assert not (tuned / "tune").exists()
@@ -74,7 +74,9 @@ def test_tune_measure_trains_with_the_measured_fastest_plan_and_matches_a_manual
     assert out.exit_code == 0, out.output
     assert "tune 1/" not in out.output and "resumed from step 4" in out.output
     resumed = json.loads((tuned / "plan.json").read_text())
-    assert resumed["plan"] == best["plan"] and resumed["source"] == "auto (measured before the resume)"
+    assert resumed["plan"] == best["plan"] and resumed["source"] == "auto, measured before the resume"
+    for key in ("tune", "predicted_step_s", "measured_step_s", "cluster", "considered"):  # kept through the resume
+        assert resumed[key] == info[key], key
     assert sorted(_losses(tuned)) == [1, 2, 3, 4, 5, 6]
 
 

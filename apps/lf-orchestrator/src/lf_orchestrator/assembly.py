@@ -96,12 +96,16 @@ def load_encoder(cfg: Config, run_dir: Path) -> VLABatchEncoder | FlowBatchEncod
 
 def model_config(cfg: Config, encoder: VLABatchEncoder | FlowBatchEncoder) -> VLAConfig | VLAFlowConfig:
     """The recipe config implied by the run config and the fitted encoder."""
+    from lf_orchestrator.families.recipes import recipe_overrides
+
     try:
+        overrides = recipe_overrides(VLAFlowConfig if cfg.model.recipe == "vla_flow" else VLAConfig,
+                                     cfg.model.overrides, cfg.model.recipe)
         if cfg.model.recipe == "vla_flow":
             return vla_flow_config(cfg.model.size, **{
                 "image_size": cfg.data.image_size, "text_vocab_size": encoder.text_vocab_size,
                 "max_instruction_len": cfg.data.max_instruction_len, "state_dim": int(encoder.state_mean.shape[0]),
-                "action_dim": encoder.action_dim, "action_horizon": cfg.data.action_horizon, **cfg.model.overrides})
+                "action_dim": encoder.action_dim, "action_horizon": cfg.data.action_horizon, **overrides})
         return vla_config(cfg.model.size, **{
             "image_size": cfg.data.image_size,
             "text_vocab_size": encoder.text_vocab_size,
@@ -111,7 +115,7 @@ def model_config(cfg: Config, encoder: VLABatchEncoder | FlowBatchEncoder) -> VL
             "action_dim": encoder.action_tokenizer.action_dim,
             "action_horizon": cfg.data.action_horizon,
             **({"action_tokens": encoder.max_action_tokens + 1} if isinstance(encoder, FastBatchEncoder) else {}),
-            **cfg.model.overrides})
+            **overrides})
     except (TypeError, ValueError) as err:
         raise ConfigError(f"model: {err}") from None
 

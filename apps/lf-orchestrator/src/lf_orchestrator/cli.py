@@ -227,6 +227,15 @@ def _resume_point(run_dir: Path, ctx) -> Optional[Path]:
     return run_dir if found[0] else None
 
 
+def _fused_count(cfg, model) -> dict:
+    """``{"fused_ops": modules switched}`` with ``model.fused_ops`` (what plan.json records), else ``{}``."""
+    if not cfg.model.fused_ops:
+        return {}
+    from lf_ir._fused import fused_modules
+
+    return {"fused_ops": sum(m.fused for m in fused_modules(model))}
+
+
 def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = None) -> None:
     from lf_orchestrator.checkpoint import write_text_atomic
     from lf_orchestrator.progress import TrainProgress
@@ -251,7 +260,7 @@ def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = 
             write_text_atomic(run_dir / "plan.json", json.dumps(
                 {"plan": trainer.plan.describe(), "world_size": ctx.world_size,
                  "device": str(ctx.device), "precision": str(trainer.precision.compute_dtype),
-                 "recomputed_blocks": trainer.recomputed}))
+                 "recomputed_blocks": trainer.recomputed, **_fused_count(cfg, trainer.model)}))
             console.print(f"plan: {trainer.plan.describe()} on {ctx.device}, "
                           f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters")
         progress.start(cfg.train.steps, trainer.step)

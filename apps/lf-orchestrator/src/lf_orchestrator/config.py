@@ -97,8 +97,9 @@ class ModelSection(_Section):
     (``lf_orchestrator.families``)."""
     size: str = "small"
     """Named size of the recipe."""
-    overrides: dict[str, int] = msgspec.field(default_factory=dict)
-    """Recipe config fields to override (e.g. ``dim = 256``)."""
+    overrides: dict[str, int | float | bool | str | list[int | float]] = msgspec.field(default_factory=dict)
+    """Recipe config fields to override (e.g. ``dim = 256``, ``norm_eps = 1e-5``, ``mrope_section = [8, 12, 12]``);
+    each value is checked against the recipe field's type when the config loads."""
     fused_ops: bool = False
     """Run the lowered model's RMSNorm, SwiGLU, RoPE (1D, M-RoPE, Wan 3D) and adaLN modulation through
     lf-kernels' fused Triton ops (``lf_ir.use_fused_ops``; CUDA, else each op's PyTorch reference). Weights and
@@ -476,16 +477,17 @@ def _check_model(cfg: Config, where: str) -> None:
     if m.size not in SIZES:
         raise ConfigError(f"{where}: model.size: expected one of {sorted(SIZES)}, got {m.size!r} "
                           f"(sizes of recipe {m.recipe!r})")
-    fields = set(RecipeConfig.__struct_fields__)
-    bad = sorted(set(m.overrides) - fields)
-    if bad:
-        raise ConfigError(f"{where}: model.overrides: unknown field {bad[0]!r} for recipe {m.recipe!r}; "
-                          f"fields: {sorted(fields)}")
+    from lf_orchestrator.families.recipes import OverrideError, recipe_overrides
+
+    try:
+        overrides = recipe_overrides(RecipeConfig, m.overrides, m.recipe)
+    except OverrideError as err:
+        raise ConfigError(f"{where}: {err}") from None
     if m.recipe == "vla" and "action_tokens" in m.overrides:
         raise ConfigError(f"{where}: model.overrides: 'action_tokens' is set by the action tokenizer "
                           f"(binning: horizon x dims; FAST: action_tokenizer.max_action_tokens + 1); remove it")
     try:
-        build_graph(RecipeConfig(**{**SIZES[m.size], **m.overrides}))
+        build_graph(RecipeConfig(**{**SIZES[m.size], **overrides}))
     except (ValueError, TypeError, _msgspec.ValidationError) as err:
         raise ConfigError(f"{where}: model: {err}") from None
 

@@ -20,8 +20,12 @@ def check_family_config(cfg, where: str) -> None:
     from lf_orchestrator.config import ConfigError
 
     t, m = cfg.train, cfg.model
+    from lf_orchestrator.families.recipes import OverrideError
+
     try:
         rcfg, graph = recipe_config(m.recipe, m.size, m.overrides)
+    except OverrideError as err:
+        raise ConfigError(f"{where}: {err}") from None
     except (ValueError, TypeError, msgspec.ValidationError) as err:
         raise ConfigError(f"{where}: model: {err}") from None
     if t.lora_rank < 0:

@@ -65,7 +65,7 @@ def runnable_candidates(cfg, graph, *, world_size: int, device_type: str, seq: i
         if key in seen:
             continue
         seen.add(key)
-        found.append((plan, {"source": "auto (measured)", "predicted_step_s": cand.cost.step_s,
+        found.append((plan, {"source": "auto, measured", "predicted_step_s": cand.cost.step_s,
                              "recompute": cand.recompute, "cluster": cluster.describe(), "nominal_cluster": nominal,
                              "considered": result.considered}))
         if len(found) == top:
@@ -157,5 +157,10 @@ def tuned_plan_of(run_dir: Path) -> tuple[Plan, dict] | None:
     if "tuned_plan" not in saved:
         return None
     plan = msgspec.convert(saved["tuned_plan"], Plan)
-    return plan, {"source": "auto (measured before the resume)", "recompute": saved.get("recompute", "none"),
-                  "tune": saved.get("tune", []), "tuned_plan": saved["tuned_plan"]}
+    kept = {k: v for k, v in saved.items() if k not in _REBUILT}  # the trials, predictions, cluster, ...
+    return plan, {**kept, "source": "auto, measured before the resume", "recompute": saved.get("recompute", "none")}
+
+
+_REBUILT = ("plan", "world_size", "device", "precision", "source", "recomputed_blocks", "recompute_plan", "params",
+            "trainable_params", "fused_ops", "lora_modules", "frozen_params", "resharded_from")
+"""plan.json keys a resumed trainer writes again itself; the others come back from the tuned run's plan.json."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 
+import msgspec
+
 _MODEL = {"llama3": ("Llama3Config", "Llama3Model"), "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLModel"),
           "wan_dit": ("WanDiTConfig", "WanDiTModel"), "wan_vae": ("WanVAEConfig", "WanVAE")}
 
@@ -18,12 +20,36 @@ def recipe_config(recipe: str, size: str, overrides: dict):
     cls = getattr(mod, _MODEL[recipe][0])
     if size not in mod.SIZES:
         raise ValueError(f"model.size: expected one of {sorted(mod.SIZES)}, got {size!r} (sizes of recipe {recipe!r})")
-    bad = sorted(set(overrides) - set(cls.__struct_fields__))
-    if bad:
-        raise ValueError(f"model.overrides: unknown field {bad[0]!r} for recipe {recipe!r}; "
-                         f"fields: {sorted(cls.__struct_fields__)}")
-    cfg = cls(**{**mod.SIZES[size], **overrides})
+    cfg = cls(**{**mod.SIZES[size], **recipe_overrides(cls, overrides, recipe)})
     return cfg, mod.build_graph(cfg)
+
+
+class OverrideError(ValueError):
+    """A ``model.overrides`` entry that the recipe config has no field for, or a value of another type; the
+    message starts with the dotted key."""
+
+
+def recipe_overrides(cls, overrides: dict, recipe: str) -> dict:
+    """``model.overrides`` checked against the fields of the recipe config ``cls`` (a msgspec Struct) and
+    converted to their types: a TOML array becomes the tuple a field holds (``mrope_section``), an integer a
+    float field's float; a bool is not an integer.
+
+    Raises:
+        OverrideError: an unknown field (listing the recipe's fields), or a value the field's type does not
+            take (``model.overrides.norm_eps: expected float, got 'x'``).
+    """
+    types = {f.name: f.type for f in msgspec.structs.fields(cls)}
+    bad = sorted(set(overrides) - set(types))
+    if bad:
+        raise OverrideError(f"model.overrides: unknown field {bad[0]!r} for recipe {recipe!r}; fields: {sorted(types)}")
+    out = {}
+    for key, value in overrides.items():
+        try:
+            out[key] = msgspec.convert(value, types[key])
+        except msgspec.ValidationError as err:
+            expected = str(err).split(" - at")[0].split(", got")[0].replace("`", "").lower()
+            raise OverrideError(f"model.overrides.{key}: {expected}, got {value!r}") from None
+    return out
 
 
 def build_model(recipe: str, rcfg, graph, device, seed: int, *, fused_ops: bool = False):
