@@ -168,6 +168,16 @@ def test_config_schema_carries_field_docstrings():
     assert missing == []
 
 
+def test_a_set_value_that_is_not_valid_toml_says_so():
+    """An unclosed table or array in --set is named as invalid TOML (it was read as a string and then refused as
+    'expected object, got str'); a bare word is still a string."""
+    for raw in ("{vocab_size=1024", "[1, 2", "'open"):
+        with pytest.raises(ConfigError, match=re.escape(f"--set model.overrides={raw}: not a valid TOML value")):
+            load_config(overrides=[f"model.overrides={raw}"])
+    assert load_config(overrides=["run.name=plain"]).run.name == "plain"
+    assert load_config(overrides=["parallel.spec="]).parallel.spec == ""  # an empty value stays the empty string
+
+
 def test_model_overrides_take_each_recipe_fields_type():
     """Floats, bools and arrays reach the recipe config converted to its field types (an array becomes the tuple
     mrope_section holds); a value of another type is refused naming model.overrides.<field> and the value."""

@@ -243,7 +243,9 @@ def _set_dotted(tree: dict[str, Any], key: str, raw: str, where: str) -> None:
         raise ConfigError(f"{where}: --set {key}={raw}: expected section.key=value")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except tomllib.TOMLDecodeError as err:
+        if raw and raw[0] in "{[\"'":  # meant as a table, array or quoted string: say why it did not parse
+            raise ConfigError(f"{where}: --set {key}={raw}: not a valid TOML value ({err})") from None
         value = raw  # a bare word is a string
     node = tree
     for p in parts[:-1]:
