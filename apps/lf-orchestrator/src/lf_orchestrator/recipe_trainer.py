@@ -83,6 +83,11 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, group=None) -> t
     return norm
 
 
+def precision_name(dtype: torch.dtype) -> str:
+    """The plan search's name of a compute dtype: ``"bf16"``, ``"fp16"`` or ``"fp32"``."""
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+
+
 def prepare_family(cfg, run_dir: Path, ctx: DistContext):
     """The run's family with its data prepared: rank 0 builds the caches (into ``run_dir`` and the cache folders),
     then the other ranks load them."""
@@ -124,7 +129,7 @@ class RecipeTrainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.family = family if family is not None else prepare_family(cfg, self.run_dir, ctx)
         self.precision = resolve_precision(cfg.memory.precision, ctx.device)
-        prec = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.precision.compute_dtype, "fp32")
+        prec = precision_name(self.precision.compute_dtype)
         if plan is not None:  # chosen by the caller (parallel.tune = "measure": families._tune)
             self.plan, self.plan_info = with_fsdp_compute(plan[0], prec, ctx.device.type), dict(plan[1])
         else:

@@ -14,7 +14,7 @@ from lf_orchestrator.checkpoint import write_text_atomic
 from lf_orchestrator.families._recompute import plan_line
 from lf_orchestrator.families._tune import tuned_plan_of
 from lf_orchestrator.fit import trained_phrase
-from lf_orchestrator.recipe_trainer import RecipeTrainer, prepare_family
+from lf_orchestrator.recipe_trainer import RecipeTrainer, precision_name, prepare_family
 from lf_orchestrator.run_folder import absolute_paths, start_run_folder
 from lf_parallel import DistContext
 
@@ -34,7 +34,7 @@ def _measure_plans(cfg, run_dir: Path, ctx: DistContext, family, console):
     from lf_orchestrator.families._tune import measure_candidates, runnable_candidates
 
     dtype = resolve_precision(cfg.memory.precision, ctx.device).compute_dtype
-    prec = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+    prec = precision_name(dtype)
     cands = runnable_candidates(cfg, family.graph, world_size=ctx.world_size, device_type=ctx.device.type,
                                 seq=family.seq_len, precision=prec, top=cfg.parallel.tune_top)
     if ctx.is_main:

@@ -85,11 +85,9 @@ def collective_time(kind: str, nbytes: float, ranks: int, *, cluster: Cluster, c
     Raises:
         ValueError: an unknown collective.
     """
-    if kind not in _FACTORS:
-        raise ValueError(f"unknown collective {kind!r}; expected one of {list(_FACTORS)}")
+    steps, factor = collective_terms(kind, max(ranks, 1))  # raises on an unknown kind
     if ranks <= 1 or nbytes <= 0:
         return 0.0
-    steps, factor = collective_terms(kind, ranks)
     span = span or ranks
     if calibration.comm is not None and span <= cluster.gpus_per_node:
         alpha_us, busbw_gbps = calibration.comm.figures(kind)
