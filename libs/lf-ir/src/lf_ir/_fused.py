@@ -15,6 +15,7 @@ parallel), a norm without a 1-D affine weight, and so on never reach the kernels
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lf_kernels import rms_norm
@@ -69,7 +70,11 @@ class RMSNormModule(nn.RMSNorm):
     Same parameters (``weight`` of shape ``(dim,)``) and state_dict keys as
     ``nn.RMSNorm``. With ``fused`` set (see :func:`use_fused_ops`), a 1-D
     affine norm on plain tensors runs the fused op (statistics in float32,
-    output in ``x.dtype``); anything else runs ``nn.RMSNorm.forward``.
+    output in ``x.dtype``); anything else runs ``torch.nn.functional.rms_norm``.
+    A bfloat16 / float16 input with a float32 weight (autocast over float32
+    master weights) uses the weight cast to the input's dtype, so the output
+    stays in ``x.dtype`` (not promoted to float32) and CUDA runs torch's fused
+    kernel, as under FSDP2's bfloat16 ``param_dtype``.
 
     forward: ``x`` ``(..., dim)`` float -> same shape and dtype.
     """
@@ -78,8 +83,13 @@ class RMSNormModule(nn.RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
+        if weight is not None and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == torch.float32:
+            # Under autocast (float32 master weights, bf16 activations) a float32 weight promotes the output to
+            # float32 and sends torch.rms_norm down its unfused composite path; cast it as FSDP2's param_dtype
+            # does (the gradient still reaches the float32 parameter).
+            weight = weight.to(x.dtype)
         if not (self.fused and weight is not None and len(self.normalized_shape) == 1 and fusable(x, weight)):
-            return super().forward(x)
+            return F.rms_norm(x, self.normalized_shape, weight, self.eps)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps  # nn.RMSNorm's default
         return rms_norm(x, weight, eps)
 

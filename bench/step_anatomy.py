@@ -1,0 +1,174 @@
+"""Where one training step's time goes on one GPU: step time, GPU-busy share, host syncs and top kernels.
+
+For the reduced Llama-3-8B / Qwen2-VL-7B / Wan2.1-1.3B workloads of ``bench/autotune_check.py``
+(``bench/_autotune_models.py``), one plan each (micro-batch, gradient accumulation, recompute mode), with
+lf-kernels' fused ops off and on (``lf_ir.use_fused_ops``, what ``model.fused_ops`` switches):
+
+- ``step_s``: median of ``--steps`` timed steps after ``--warmup`` (bf16 autocast over float32 master
+  weights, fused AdamW, CUDA-synchronized at the step's ends), ``peak_gib``: ``max_memory_allocated``;
+- from ``torch.profiler`` over ``--profile-steps`` more steps: ``gpu_busy_s`` per step (the union of the
+  kernel intervals on the GPU timeline), ``gpu_busy_fraction`` = busy / step wall, ``host_syncs`` per step
+  (``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` / device-to-host ``cudaMemcpy`` calls the host
+  waited in), ``kernel_launches`` per step, and the ``top_kernels`` by GPU time.
+
+A GPU-busy fraction well under 1 with few syncs says the host launches too slowly (per-module Python and
+autograd cost); many syncs say the host waits on the GPU and then the GPU waits on the host. This is how the
+auto-tuner's host-overhead error and the fused-op gain are measured (issues 5, 7, 11).
+
+Usage (one GPU)::
+
+    python bench/step_anatomy.py --out bench/results/step_anatomy_h200.json
+    python bench/step_anatomy.py --case qwen2_vl:1:4:none --out /tmp/q.json   # model:micro_batch:accum:recompute
+    python bench/step_anatomy.py --dry --out /tmp/a.json                       # CPU, tiny models, no profiler
+
+Prints one JSON line per (case, fused) and writes the list to ``--out`` after each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from lf_ir import materialize, use_fused_ops
+from lf_memory import apply_recompute
+
+GIB = 1024 ** 3
+HERE = Path(__file__).resolve().parent
+DEFAULT_CASES = ("llama3:2:2:none", "qwen2_vl:1:4:none", "qwen2_vl:2:2:none", "wan_dit:2:1:none")
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cudaEventSynchronize")
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+MODELS = _load("_autotune_models")
+
+
+def _args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--case", action="append", help=f"model:micro_batch:grad_accum:recompute; default {DEFAULT_CASES}")
+    p.add_argument("--fused", default="0,1", help="comma list of fused-op settings to run (0 off, 1 on)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--profile-steps", type=int, default=2)
+    p.add_argument("--dry", action="store_true", help="tiny models on the CPU, 1 step, no profiler")
+    return p.parse_args(argv)
+
+
+def _busy_union(intervals: list[tuple[float, float]]) -> float:
+    """Total length of the union of ``(start, end)`` intervals (any unit)."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def _profile(step, n: int) -> dict:
+    """Run ``step`` ``n`` times under the profiler; per-step GPU busy time, syncs, launches, top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) / n
+    kernels, syncs, launches, by_name = [], 0, 0, {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.append((ev.time_range.start, ev.time_range.end))
+            by_name[ev.name] = by_name.get(ev.name, 0.0) + ev.time_range.elapsed_us()
+        elif ev.name.startswith(SYNC_CALLS) and "Async" not in ev.name:
+            syncs += 1
+        elif ev.name in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx"):
+            launches += 1
+    busy = _busy_union(kernels) / 1e6 / n
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
+    return {"profiled_step_s": wall, "gpu_busy_s": busy, "gpu_busy_fraction": busy / wall,
+            "host_syncs": syncs / n, "kernel_launches": launches / n,
+            "top_kernels": [{"name": k[:120], "ms_per_step": v / 1e3 / n} for k, v in top]}
+
+
+def measure(args, model_name: str, mb: int, accum: int, recompute: str, fused: bool, device) -> dict:
+    work = MODELS.WORKLOADS[model_name](None, None, args.dry)
+    with torch.device("meta"):
+        model = work.build()
+    model = materialize(model, device, seed=0)
+    switched = use_fused_ops(model, fused)
+    apply_recompute(torch.nn.ModuleList(model.blocks), recompute)
+    cuda = device.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
+    batches = [work.batch(mb, i, device.type) for i in range(accum)]
+
+    def step() -> float:
+        total = torch.zeros((), device=device)
+        for b in batches:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+                loss = work.loss(model, b) / accum
+            loss.backward()
+            total += loss.detach()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return total
+
+    times = []
+    for i in range(args.warmup + args.steps):
+        if cuda:
+            torch.cuda.synchronize()
+            if i == args.warmup:
+                torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        loss = float(step())
+        times.append(time.perf_counter() - start)
+    row = {"model": work.name, "micro_batch": mb, "grad_accum": accum, "recompute": recompute, "fused_ops": fused,
+           "fused_modules": switched, "step_s": statistics.median(times[args.warmup:]),
+           "step_s_timed": times[args.warmup:], "last_loss": loss,
+           "peak_gib": torch.cuda.max_memory_allocated() / GIB if cuda else 0.0}
+    if cuda and args.profile_steps > 0:
+        row.update(_profile(step, args.profile_steps))
+    del model, opt, batches
+    if cuda:
+        torch.cuda.empty_cache()
+    return row
+
+
+def main(argv=None) -> None:
+    args = _args(argv)
+    if args.dry:
+        args.warmup, args.steps, args.profile_steps = 0, 1, 0
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.dry else "cpu")
+    rows = []
+    for case in args.case or DEFAULT_CASES:
+        model_name, mb, accum, recompute = case.split(":")
+        for fused in (bool(int(f)) for f in args.fused.split(",")):
+            row = measure(args, model_name, int(mb), int(accum), recompute, fused, device)
+            row.update(device=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", torch=torch.__version__)
+            print(json.dumps({k: v for k, v in row.items() if k != "top_kernels"}), flush=True)
+            rows.append(row)
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = args.out.with_suffix(".tmp")
+            tmp.write_text(json.dumps(rows, indent=1))
+            tmp.replace(args.out)
+
+
+if __name__ == "__main__":
+    main()
