@@ -5,7 +5,8 @@ Shapes (GPU; ``dry=True``: the recipes' tiny sizes on a few tokens, for the CPU)
 - ``llama3``: Llama-3-8B with ``layers`` decoder layers (default 8), ``seq`` tokens per sample (8,192).
 - ``qwen2_vl``: Qwen2-VL-7B with ``layers`` decoder layers and as many ViT blocks scaled by 32/28 (default 7
   and 8), one 448x448 image per sample (32 x 32 = 1,024 patches, 256 merged tokens at text positions 8..263)
-  in ``seq`` text tokens (2,048). One image per sample (the graph's own unit), no packing.
+  in ``seq`` text tokens (2,048). One image per sample (the graph's own unit), no packing. As in ``lf run``, the
+  image grids stay on the host and the M-RoPE ids are computed there (no host-device sync in the forward).
 - ``wan_dit``: Wan2.1-1.3B with ``layers`` DiT blocks (default 10 of 30) on 81 x 480 x 832 video: latents
   (16, 21, 60, 104), 32,760 tokens, 512 text tokens of 4,096 features; flow-matching loss at a random sigma.
 
@@ -67,6 +68,7 @@ def llama3(layers: int | None, seq: int | None, dry: bool) -> Workload:
 
 
 def qwen2_vl(layers: int | None, seq: int | None, dry: bool) -> Workload:
+    from lf_ir import mrope_position_ids
     from lf_ir.recipes.llama3 import next_token_loss
     from lf_ir.recipes.qwen2_vl import Qwen2VLModel, build_graph, qwen2_vl_config
 
@@ -85,11 +87,14 @@ def qwen2_vl(layers: int | None, seq: int | None, dry: bool) -> Workload:
         gen = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, min(cfg.image_token_id, cfg.vocab_size), (mb, seq), generator=gen)
         ids[:, 2:2 + merged] = cfg.image_token_id
+        grid = torch.tensor([(1, side, side)] * mb)  # stays on the host, as lf run's batches keep it
+        positions = mrope_position_ids(ids, grid, image_token_id=cfg.image_token_id,
+                                       spatial_merge_size=cfg.spatial_merge_size)  # host-side, as lf run's collate
         return {"ids": ids.to(device), "pixels": torch.randn(mb * side * side, patch, generator=gen).to(device),
-                "grid": torch.tensor([(1, side, side)] * mb).to(device)}
+                "grid": grid, "positions": positions.to(device)}
 
     def loss(model, b):
-        return next_token_loss(model(b["ids"], b["pixels"], b["grid"]), b["ids"])
+        return next_token_loss(model(b["ids"], b["pixels"], b["grid"], position_ids=b["positions"]), b["ids"])
 
     name = (f"qwen2_vl-{'tiny' if dry else '7B'} {cfg.vision_layers}+{cfg.layers} layers, {side * side} patches, "
             f"seq {seq}")

@@ -130,6 +130,21 @@ def _autotune(d: dict) -> list[str]:
                       "predicted peak GiB"], rows))
 
 
+def _autotune_sweep(d: dict) -> list[str]:
+    s = d["summary"]
+    return _autotune(d) + ["", f"Chosen plan at {s['chosen_fraction_of_best']:.0%} of the sweep's best; median / max "
+                           f"step-time error {s['median_abs_step_error']:.1%} / {s['max_abs_step_error']:.1%} "
+                           f"(BENCH.md default rates); commit {d['commit'][:10]}.", ""]
+
+
+def _step_anatomy(d: dict) -> list[str]:
+    rows = [[r["model"], r["micro_batch"], r["grad_accum"], r["recompute"], "on" if r["fused_ops"] else "off",
+             f"{r['step_s']:.3f}", f"{r['gpu_busy_fraction']:.0%}", f"{r['host_syncs']:.0f}",
+             f"{r['kernel_launches']:.0f}", f"{r['peak_gib']:.1f}"] for r in d["rows"]]
+    return _table(["model", "micro-batch", "accum", "recompute", "fused ops", "s/step", "GPU busy", "host syncs",
+                   "kernel launches", "peak GiB"], rows)
+
+
 def _fp8_llama(d: dict) -> list[str]:
     lines = [f"{d['model']}, seq {d['seq']}, micro-batch {d['micro_batch']}, torch.compile {d['compile']}, "
              f"torchao {d['torchao']}; median of {d['steps']} steps.", ""]
@@ -277,6 +292,8 @@ RENDERERS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "vae_encode": ("Wan VAE encode vs diffusers", _vae_encode),
     "row_bwd_sweep": ("Row-kernel backwards: loop variants", _row_bwd_sweep),
     "autotune_check": ("Auto-tuner: predicted vs measured", _autotune),
+    "autotune_": ("Auto-tuner: exhaustive sweep, predicted vs measured", _autotune_sweep),
+    "step_anatomy": ("One training step on one GPU: GPU-busy share, host syncs, fused ops", _step_anatomy),
     "published_check": ("Cost model vs Megatron-Core's published H100 throughput", _published),
     "wan_dit_peer": ("Wan2.1 DiT training step vs diffusers", _wan_dit_peer),
     "qwen2_vl_peer": ("Qwen2-VL-7B packed image-text SFT vs transformers, FSDP2 on 2 GPUs", _qwen2_vl_peer),

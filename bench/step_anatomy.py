@@ -21,7 +21,7 @@ Usage (one GPU)::
     python bench/step_anatomy.py --case qwen2_vl:1:4:none --out /tmp/q.json   # model:micro_batch:accum:recompute
     python bench/step_anatomy.py --dry --out /tmp/a.json                       # CPU, tiny models, no profiler
 
-Prints one JSON line per (case, fused) and writes the list to ``--out`` after each.
+Prints one JSON line per (case, fused); ``--out`` gets ``{device, torch, rows}``, rewritten after each.
 """
 
 from __future__ import annotations
@@ -145,10 +145,7 @@ def measure(args, model_name: str, mb: int, accum: int, recompute: str, fused: b
            "peak_gib": torch.cuda.max_memory_allocated() / GIB if cuda else 0.0}
     if cuda and args.profile_steps > 0:
         row.update(_profile(step, args.profile_steps))
-    del model, opt, batches
-    if cuda:
-        torch.cuda.empty_cache()
-    return row
+    return row  # the model, optimizer and batches are freed with this frame (main empties the CUDA cache)
 
 
 def main(argv=None) -> None:
@@ -156,17 +153,18 @@ def main(argv=None) -> None:
     if args.dry:
         args.warmup, args.steps, args.profile_steps = 0, 1, 0
     device = torch.device("cuda" if torch.cuda.is_available() and not args.dry else "cpu")
-    rows = []
+    rows, name = [], torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
     for case in args.case or DEFAULT_CASES:
         model_name, mb, accum, recompute = case.split(":")
         for fused in (bool(int(f)) for f in args.fused.split(",")):
             row = measure(args, model_name, int(mb), int(accum), recompute, fused, device)
-            row.update(device=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", torch=torch.__version__)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
             print(json.dumps({k: v for k, v in row.items() if k != "top_kernels"}), flush=True)
             rows.append(row)
             args.out.parent.mkdir(parents=True, exist_ok=True)
             tmp = args.out.with_suffix(".tmp")
-            tmp.write_text(json.dumps(rows, indent=1))
+            tmp.write_text(json.dumps({"device": name, "torch": torch.__version__, "rows": rows}, indent=1))
             tmp.replace(args.out)
 
 

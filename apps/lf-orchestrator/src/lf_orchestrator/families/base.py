@@ -46,6 +46,9 @@ class Family(abc.ABC):
     """What ``train/loss`` is (for plots), e.g. ``"next-token cross-entropy"``."""
     context_parallel: bool = False
     """Whether ``loss_sum`` / ``evaluate`` take ``cp=`` and return this cp rank's share (plans with cp > 1)."""
+    host_keys: tuple[str, ...] = ()
+    """Batch keys that stay on the host when a micro-batch moves to the device: small index tensors the model
+    reads on the host (e.g. image grids), which on the GPU would cost a host-device sync at every read."""
 
     def __init__(self, cfg, run_dir: Path, ctx):
         self.cfg, self.run_dir, self.ctx = cfg, Path(run_dir), ctx

@@ -169,6 +169,23 @@ def build_graph(cfg: Qwen2VLConfig, seq_len: int | None = None, image_patches: i
                           edges=[Edge(src="vision", src_node="merger", dst="text")]))
 
 
+def _check_placeholders(where_bs: torch.Tensor, tokens: int, token_id: int) -> None:
+    """Raise unless ``where_bs`` (batch, seq) bool marks exactly ``tokens`` placeholders.
+
+    On the host a ``ValueError``; on an accelerator an asynchronous device assert
+    (``torch._assert_async``), so the check costs no host-device synchronization
+    (a mismatch then fails the next synchronizing call with this message).
+    """
+    message = f"input_ids: the number of placeholders (id {token_id}) differs from the {tokens} vision tokens"
+    if where_bs.device.type == "cpu":
+        found = int(where_bs.sum())
+        if found != tokens:
+            raise ValueError(f"input_ids hold {found} placeholders (id {token_id}) but the vision tower gives "
+                             f"{tokens} tokens")
+    else:
+        torch._assert_async(where_bs.sum() == tokens, message)
+
+
 class Qwen2VLModel(nn.Module):
     """The lowered Qwen2-VL. Build under ``torch.device("meta")``, then ``lf_ir.materialize``.
 
@@ -202,11 +219,13 @@ class Qwen2VLModel(nn.Module):
             ValueError: ``patches_nf`` rows differ from the patches ``grid_thw`` describes.
         """
         vision, m = self.components["vision"], self.cfg.spatial_merge_size
+        grid_thw = grid_thw.cpu()  # read on the host below: one copy (a sync only if it lives on the GPU)
         pos_n2 = vision_patch_positions(grid_thw, m)
         if patches_nf.shape[0] != pos_n2.shape[0]:
             raise ValueError(f"pixel_values: {patches_nf.shape[0]} patches but image_grid_thw describes "
                              f"{pos_n2.shape[0]}")
-        cos, sin = vision_rope_cos_sin(self._vision_rope, self.cfg.vision_head_dim, pos_n2.to(patches_nf.device))
+        cos, sin = vision_rope_cos_sin(self._vision_rope, self.cfg.vision_head_dim,
+                                       pos_n2.to(patches_nf.device, non_blocking=True))
         segments = vision_segments(grid_thw)
         x_bsd = vision.layers[0](patches_nf)[None]
         for block in vision.layers[1:-1]:
@@ -254,9 +273,7 @@ class Qwen2VLModel(nn.Module):
             if pixels is not None:
                 tokens_nd = self.encode_images(pixels, grid).to(x_bsd.dtype)
                 where_bs = ids_bs == token
-                if int(where_bs.sum()) != tokens_nd.shape[0]:
-                    raise ValueError(f"input_ids hold {int(where_bs.sum())} placeholders (id {token}) but the "
-                                     f"vision tower gives {tokens_nd.shape[0]} tokens")
+                _check_placeholders(where_bs, tokens_nd.shape[0], token)
                 x_bsd = x_bsd.masked_scatter(where_bs[..., None], tokens_nd)
         if position_ids is None:
             position_ids = mrope_position_ids(ids_bs, image_grid_thw, image_token_id=cfg.image_token_id,
