@@ -138,11 +138,22 @@ def _autotune_sweep(d: dict) -> list[str]:
 
 
 def _step_anatomy(d: dict) -> list[str]:
+    def opt(r: dict, key: str, fmt: str) -> str:
+        return format(r[key], fmt) if key in r else "-"
+
     rows = [[r["model"], r["micro_batch"], r["grad_accum"], r["recompute"], "on" if r["fused_ops"] else "off",
-             f"{r['step_s']:.3f}", f"{r['gpu_busy_fraction']:.0%}", f"{r['host_syncs']:.0f}",
-             f"{r['kernel_launches']:.0f}", f"{r['peak_gib']:.1f}"] for r in d["rows"]]
-    return _table(["model", "micro-batch", "accum", "recompute", "fused ops", "s/step", "GPU busy", "host syncs",
-                   "kernel launches", "peak GiB"], rows)
+             f"{r['step_s']:.3f}", opt(r, "gpu_busy_fraction", ".0%"), opt(r, "host_syncs", ".0f"),
+             opt(r, "kernel_launches", ".0f"), f"{r['peak_gib']:.1f}"] for r in d["rows"]]
+    lines = _table(["model", "micro-batch", "accum", "recompute", "fused ops", "s/step", "GPU busy", "host syncs",
+                    "kernel launches", "peak GiB"], rows)
+    for r in (r for r in d["rows"] if "memory_peak" in r):
+        mp = r["memory_peak"]
+        lines += ["", f"{r['model']}, {r['micro_batch']} x {r['grad_accum']}, recompute {r['recompute']}: peak "
+                  f"{mp['peak_gib']:.1f} GiB, {mp['held_before_step_gib']:.1f} GiB held before the step; made in "
+                  "the step and alive at the peak:", ""]
+        lines += _table(["allocated at", "GiB", "allocations"], [
+            [f"`{g['frame']}`", f"{g['gib']:.2f}", g["count"]] for g in mp["allocated_in_step_alive_at_peak"][:8]])
+    return lines
 
 
 def _fp8_llama(d: dict) -> list[str]:

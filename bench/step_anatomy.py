@@ -9,7 +9,9 @@ lf-kernels' fused ops off and on (``lf_ir.use_fused_ops``, what ``model.fused_op
 - from ``torch.profiler`` over ``--profile-steps`` more steps: ``gpu_busy_s`` per step (the union of the
   kernel intervals on the GPU timeline), ``gpu_busy_fraction`` = busy / step wall, ``host_syncs`` per step
   (``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` / device-to-host ``cudaMemcpy`` calls the host
-  waited in), ``kernel_launches`` per step, and the ``top_kernels`` by GPU time.
+  waited in), ``kernel_launches`` per step, and the ``top_kernels`` by GPU time;
+- with ``--memory-peak N``: one more step under CUDA memory-history recording, and the allocations alive at
+  its peak (made during that step) grouped by the allocating line in lf's code, the N largest.
 
 A GPU-busy fraction well under 1 with few syncs says the host launches too slowly (per-module Python and
 autograd cost); many syncs say the host waits on the GPU and then the GPU waits on the host. This is how the
@@ -27,6 +29,7 @@ Prints one JSON line per (case, fused); ``--out`` gets ``{device, torch, rows}``
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import statistics
@@ -64,6 +67,8 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--profile-steps", type=int, default=2)
+    p.add_argument("--memory-peak", type=int, default=0,
+                   help="record one more step's CUDA memory history; report this many allocation sites at its peak")
     p.add_argument("--dry", action="store_true", help="tiny models on the CPU, 1 step, no profiler")
     return p.parse_args(argv)
 
@@ -108,6 +113,57 @@ def _profile(step, n: int) -> dict:
             "top_kernels": [{"name": k[:120], "ms_per_step": v / 1e3 / n} for k, v in top]}
 
 
+def _user_frame(frames: list[dict]) -> str:
+    """The innermost frame in lf's code (``lf_*`` packages or ``bench/``), else the innermost one."""
+    for f in frames:
+        name = f.get("filename", "")
+        if "/lf_" in name or "/bench/" in name:
+            return f"{name.rsplit('/', 2)[-2]}/{name.rsplit('/', 1)[-1]}:{f.get('line')} {f.get('name')}"
+    return f"{frames[0].get('filename', '?')}:{frames[0].get('line')}" if frames else "?"
+
+
+def _memory_peak(step, top: int) -> dict:
+    """One ``step`` under CUDA memory-history recording: the live allocations at its peak, grouped by the
+    allocating frame in lf's code (``torch.cuda.memory._record_memory_history``)."""
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
+    try:
+        step()
+        torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    events = [e for e in snap["device_traces"][torch.cuda.current_device()]
+              if e["action"] in ("alloc", "free_completed")]
+    live = sum(b["size"] for seg in snap["segments"] for b in seg["blocks"]
+               if b["state"] == "active_allocated")  # what outlives the step (params, grads, optimizer state)
+    return _peak_alive(events, live, top)
+
+
+def _peak_alive(events: list[dict], live_after: int, top: int) -> dict:
+    """Replay ``alloc`` / ``free_completed`` events (bytes ``size``, ``addr``, ``frames``) of one step that
+    ends with ``live_after`` bytes allocated: the peak and what was allocated in the step and alive at it."""
+    base = live_after - sum(e["size"] if e["action"] == "alloc" else -e["size"] for e in events)
+    cur, peak, at = base, base, -1
+    for i, e in enumerate(events):
+        cur += e["size"] if e["action"] == "alloc" else -e["size"]
+        if cur > peak:
+            peak, at = cur, i
+    alive: dict[int, dict] = {}
+    for e in events[:at + 1]:
+        if e["action"] == "alloc":
+            alive[e["addr"]] = e
+        else:
+            alive.pop(e["addr"], None)
+    groups: dict[str, list] = {}
+    for e in alive.values():
+        g = groups.setdefault(_user_frame(e.get("frames", [])), [0, 0])
+        g[0], g[1] = g[0] + e["size"], g[1] + 1
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"peak_gib": peak / GIB, "held_before_step_gib": base / GIB,
+            "allocated_in_step_alive_at_peak": [{"frame": k, "gib": v[0] / GIB, "count": v[1]} for k, v in ranked]}
+
+
 def measure(args, model_name: str, mb: int, accum: int, recompute: str, fused: bool, device) -> dict:
     work = MODELS.WORKLOADS[model_name](None, None, args.dry)
     with torch.device("meta"):
@@ -145,6 +201,8 @@ def measure(args, model_name: str, mb: int, accum: int, recompute: str, fused: b
            "peak_gib": torch.cuda.max_memory_allocated() / GIB if cuda else 0.0}
     if cuda and args.profile_steps > 0:
         row.update(_profile(step, args.profile_steps))
+    if cuda and args.memory_peak:
+        row["memory_peak"] = _memory_peak(step, args.memory_peak)
     return row  # the model, optimizer and batches are freed with this frame (main empties the CUDA cache)
 
 
@@ -158,6 +216,7 @@ def main(argv=None) -> None:
         model_name, mb, accum, recompute = case.split(":")
         for fused in (bool(int(f)) for f in args.fused.split(",")):
             row = measure(args, model_name, int(mb), int(accum), recompute, fused, device)
+            gc.collect()  # the last model's recompute wrappers are reference cycles; free them before the next
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             print(json.dumps({k: v for k, v in row.items() if k != "top_kernels"}), flush=True)
