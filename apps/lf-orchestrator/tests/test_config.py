@@ -117,6 +117,8 @@ def test_resume_rejects_overrides_the_checkpoint_fixes(tmp_path):
     (run / "config.toml").write_text(to_toml(load_config()))
     line = _error_line(runner.invoke(app, ["run", "--resume", str(run), "--set", "model.size='small'"]))
     assert "--set model.size cannot change on resume" in line
+    line = _error_line(runner.invoke(app, ["run", "--resume", str(run), "--tune", "predict"]))
+    assert "--tune cannot change on resume" in line and "--set" not in line
     line = _error_line(runner.invoke(app, ["run", str(run / "config.toml"), "--resume", str(run)]))
     assert "either a CONFIG or --resume, not both" in line
     line = _error_line(runner.invoke(app, ["run", "--resume", str(run), "--set", "run.device='cpu'"]))

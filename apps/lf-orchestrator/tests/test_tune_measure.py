@@ -88,7 +88,9 @@ def test_tune_measure_needs_the_auto_plan_and_a_family_recipe(tmp_path, tiny_con
     with pytest.raises(ConfigError, match=r"parallel.tune_top: expected an integer >= 1, got 0"):
         load_config(EXAMPLES / "llama3_pretrain.toml", ["parallel.tune_top=0"])
     out = CliRunner().invoke(app, ["run", str(tiny_config), "--run-dir", str(tmp_path / "vla"), "--tune", "measure"])
-    assert out.exit_code == 2 and "trains data parallel only" in " ".join(out.output.split())
+    text = " ".join(out.output.split())
+    assert out.exit_code == 2 and "trains data parallel only" in text
+    assert f"{tiny_config}: parallel.tune = 'measure'" in text  # names the config file
 
 
 def test_tune_measure_in_a_two_process_job_agrees_across_ranks(tmp_path):

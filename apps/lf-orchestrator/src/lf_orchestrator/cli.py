@@ -19,7 +19,7 @@ from rich.table import Table
 
 from lf_orchestrator import __version__
 from lf_orchestrator._console import make_console
-from lf_orchestrator.config import ConfigError, check_resume_overrides, json_schema, load_config, to_toml
+from lf_orchestrator.config import DEFAULT_NAME, ConfigError, check_resume_overrides, json_schema, load_config, to_toml
 from lf_orchestrator.convert_cmd import convert_app
 from lf_orchestrator.data_cmd import data_app
 from lf_orchestrator.families import FAMILY_RECIPES
@@ -140,11 +140,14 @@ def run(config: Annotated[Optional[Path], typer.Argument(
             help="parallel.tune: 'measure' trains the auto-tuner's top plans for a few steps each first and "
                  "keeps the measured fastest; 'predict' trusts the cost model (the default).")] = None):
     """Train a model from one config file, then evaluate it."""
-    if tune is not None:
-        overrides = [*(overrides or []), f"parallel.tune='{tune.value}'"]
     try:
         if resume is not None and run_dir is not None:
             _fail("give either --resume or --run-dir, not both")
+        if resume is not None and tune is not None:
+            _fail(f"--resume {resume}: --tune cannot change on resume: the run keeps the plan its checkpoint was "
+                  f"trained with ({resume / 'plan.json'})")
+        if tune is not None:
+            overrides = [*(overrides or []), f"parallel.tune='{tune.value}'"]
         if resume is not None:
             if config is not None:
                 _fail(f"give either a CONFIG or --resume, not both (a resumed run uses "
@@ -193,7 +196,10 @@ def run(config: Annotated[Optional[Path], typer.Argument(
                                           "data parallel only (the VLA trainer); tuning by measurement runs for "
                                           f"the recipes {', '.join(sorted(FAMILY_RECIPES))}")
                     _train_and_eval(cfg, ctx, resume, run_dir)
-        except (ConfigError, PlanError, IRError, ValueError, FileNotFoundError) as err:
+        except ConfigError as err:  # found while running: name the config file as load_config's errors do
+            source = str(resume / "config.toml") if resume is not None else str(config or f"<default {DEFAULT_NAME}>")
+            _fail(str(err) if str(err).startswith(source) else f"{source}: {err}")
+        except (PlanError, IRError, ValueError, FileNotFoundError) as err:
             _fail(str(err))
     except typer.Exit as stop:  # a refused run (2) or a preempted one (143 / 130)
         exit_code = stop.exit_code
