@@ -205,6 +205,8 @@ def run(args) -> None:
         if cal_measured is not None and not isinstance(comm, dict):
             cal_measured = msgspec.structs.replace(cal_measured, comm=comm)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
+    if subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=HERE).returncode:
+        commit += " + uncommitted changes"
     report = {"model": work.name, "seq": work.seq, "global_batch": batch, "gpus": args.gpus,
               "cluster": cluster.describe(), "mode": f"exhaustive, sweep {args.sweep}" if args.exhaustive
               else f"top {args.top}", "warmup": args.warmup, "steps": args.steps, "torch": torch.__version__,

@@ -121,20 +121,24 @@ def _vae_encode(d: dict) -> list[str]:
 def _autotune(d: dict) -> list[str]:
     rows = []
     for p in d["plans"]:
-        m, pred = p["measured"], p["predicted_calibrated"]
-        rows.append([p["plan"], p["recompute"], f"{m['step_s']:.3f}", f"{pred['step_s']:.3f}",
+        m, pred, default = p["measured"], p["predicted_calibrated"], p["predicted_default"]
+        rows.append([p["plan"], p["recompute"], f"{m['step_s']:.3f}", f"{default['step_s']:.3f}",
+                     f"{100 * (default['step_s'] / m['step_s'] - 1):+.1f}%", f"{pred['step_s']:.3f}",
                      f"{100 * (pred['step_s'] / m['step_s'] - 1):+.1f}%", f"{m['peak_gib']:.1f}",
-                     f"{p['predicted_default']['peak_gib']:.1f}"])
-    return ([f"{d['model']}, seq {d['seq']}, global batch {d['global_batch']}, {d['cluster']}.", ""]
-            + _table(["plan", "recompute", "measured s/step", "predicted s/step", "error", "measured peak GiB",
-                      "predicted peak GiB"], rows))
+                     f"{default['peak_gib']:.1f}"])
+    shape = d["model"] if f"seq {d['seq']}" in d["model"] else f"{d['model']}, seq {d['seq']}"
+    return ([f"{shape}, global batch {d['global_batch']}, {d['cluster']}. Predictions with the cost model's "
+             "default rates and with the rates `calibrate()` measured in the same job.", ""]
+            + _table(["plan", "recompute", "measured s/step", "predicted (defaults)", "error (defaults)",
+                      "predicted (calibrated)", "error (calibrated)", "measured peak GiB", "predicted peak GiB"],
+                     rows))
 
 
 def _autotune_sweep(d: dict) -> list[str]:
     s = d["summary"]
     return _autotune(d) + ["", f"Chosen plan at {s['chosen_fraction_of_best']:.0%} of the sweep's best; median / max "
                            f"step-time error {s['median_abs_step_error']:.1%} / {s['max_abs_step_error']:.1%} "
-                           f"(BENCH.md default rates); commit {d['commit'][:10]}.", ""]
+                           "(default rates).", ""]
 
 
 def _step_anatomy(d: dict) -> list[str]:
@@ -144,15 +148,17 @@ def _step_anatomy(d: dict) -> list[str]:
     rows = [[r["model"], r["micro_batch"], r["grad_accum"], r["recompute"], "on" if r["fused_ops"] else "off",
              f"{r['step_s']:.3f}", opt(r, "gpu_busy_fraction", ".0%"), opt(r, "host_syncs", ".0f"),
              opt(r, "kernel_launches", ".0f"), f"{r['peak_gib']:.1f}"] for r in d["rows"]]
-    lines = _table(["model", "micro-batch", "accum", "recompute", "fused ops", "s/step", "GPU busy", "host syncs",
-                    "kernel launches", "peak GiB"], rows)
+    lines = ([d["note"], ""] if d.get("note") else []) + _table(
+        ["model", "micro-batch", "accum", "recompute", "fused ops", "s/step", "GPU busy", "host syncs",
+         "kernel launches", "peak GiB"], rows)
     for r in (r for r in d["rows"] if "memory_peak" in r):
         mp = r["memory_peak"]
         lines += ["", f"{r['model']}, {r['micro_batch']} x {r['grad_accum']}, recompute {r['recompute']}: peak "
                   f"{mp['peak_gib']:.1f} GiB, {mp['held_before_step_gib']:.1f} GiB held before the step; made in "
                   "the step and alive at the peak:", ""]
         lines += _table(["allocated at", "GiB", "allocations"], [
-            [f"`{g['frame']}`", f"{g['gib']:.2f}", g["count"]] for g in mp["allocated_in_step_alive_at_peak"][:8]])
+            [f"`{g['frame']}`" if g["frame"] != "?" else "no Python frame (autograd backward, C++)", f"{g['gib']:.2f}",
+             g["count"]] for g in mp["allocated_in_step_alive_at_peak"][:8]])
     return lines
 
 
@@ -322,7 +328,7 @@ def render() -> str:
         data = json.loads(path.read_text())
         key = next((k for k in RENDERERS if path.stem.startswith(k)), None)
         title, fn = RENDERERS[key] if key else (path.stem, None)
-        lines += [f"## {title}", "", f"`bench/results/{path.name}`: {_meta(data)}.", ""]
+        lines += [f"## {title} ({path.stem})", "", f"`bench/results/{path.name}`: {_meta(data)}.", ""]
         lines += fn(data) if fn else ["(no renderer for this file)", ""]
     return "\n".join(lines).rstrip() + "\n"
 

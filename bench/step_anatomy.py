@@ -8,8 +8,8 @@ lf-kernels' fused ops off and on (``lf_ir.use_fused_ops``, what ``model.fused_op
   weights, fused AdamW, CUDA-synchronized at the step's ends), ``peak_gib``: ``max_memory_allocated``;
 - from ``torch.profiler`` over ``--profile-steps`` more steps: ``gpu_busy_s`` per step (the union of the
   kernel intervals on the GPU timeline), ``gpu_busy_fraction`` = busy / step wall, ``host_syncs`` per step
-  (``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` / device-to-host ``cudaMemcpy`` calls the host
-  waited in), ``kernel_launches`` per step, and the ``top_kernels`` by GPU time;
+  (``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` / ``cudaEventSynchronize`` / synchronous
+  ``cudaMemcpy`` calls the host waited in), ``kernel_launches`` per step, and the ``top_kernels`` by GPU time;
 - with ``--memory-peak N``: one more step under CUDA memory-history recording, and the allocations alive at
   its peak (made during that step) grouped by the allocating line in lf's code, the N largest.
 
@@ -46,6 +46,7 @@ GIB = 1024 ** 3
 HERE = Path(__file__).resolve().parent
 DEFAULT_CASES = ("llama3:2:2:none", "qwen2_vl:1:4:none", "qwen2_vl:2:2:none", "wan_dit:2:1:none")
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cudaEventSynchronize")
+"""Host calls counted as syncs (``cudaMemcpyAsync`` excluded: it returns before the copy ends)."""
 
 
 def _load(name: str):
@@ -59,14 +60,38 @@ def _load(name: str):
 MODELS = _load("_autotune_models")
 
 
+RECOMPUTE = ("none", "selective", "full")
+
+
+def _case(text: str) -> tuple[str, int, int, str]:
+    """``model:micro_batch:grad_accum:recompute`` -> a checked tuple (argparse type)."""
+    parts = text.split(":")
+    if (len(parts) != 4 or parts[0] not in MODELS.WORKLOADS or not all(p.isdigit() and int(p) > 0 for p in parts[1:3])
+            or parts[3] not in RECOMPUTE):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected model:micro_batch:grad_accum:recompute with model one of "
+            f"{sorted(MODELS.WORKLOADS)}, positive integers, recompute one of {RECOMPUTE}")
+    return parts[0], int(parts[1]), int(parts[2]), parts[3]
+
+
+def _fused(text: str) -> list[bool]:
+    """``0,1`` -> [False, True] (argparse type)."""
+    items = text.split(",")
+    if not items or any(i not in ("0", "1") for i in items):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of 0 (off) and 1 (on)")
+    return [i == "1" for i in items]
+
+
 def _args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--case", action="append", help=f"model:micro_batch:grad_accum:recompute; default {DEFAULT_CASES}")
-    p.add_argument("--fused", default="0,1", help="comma list of fused-op settings to run (0 off, 1 on)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--profile-steps", type=int, default=2)
+    p.add_argument("--out", type=Path, required=True, help="JSON file to write (rewritten after every case)")
+    p.add_argument("--case", action="append", type=_case,
+                   help=f"model:micro_batch:grad_accum:recompute, repeatable; default {DEFAULT_CASES}")
+    p.add_argument("--fused", type=_fused, default="0,1",
+                   help="comma list of fused-op settings to run per case (0 off, 1 on)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (--dry: 0)")
+    p.add_argument("--steps", type=int, default=4, help="timed steps; step_s is their median (--dry: 1)")
+    p.add_argument("--profile-steps", type=int, default=2, help="steps under torch.profiler afterwards (0: none)")
     p.add_argument("--memory-peak", type=int, default=0,
                    help="record one more step's CUDA memory history; report this many allocation sites at its peak")
     p.add_argument("--dry", action="store_true", help="tiny models on the CPU, 1 step, no profiler")
@@ -169,7 +194,7 @@ def measure(args, model_name: str, mb: int, accum: int, recompute: str, fused: b
     with torch.device("meta"):
         model = work.build()
     model = materialize(model, device, seed=0)
-    switched = use_fused_ops(model, fused)
+    capable = use_fused_ops(model, fused)  # modules with a fused path (switched on or off)
     apply_recompute(torch.nn.ModuleList(model.blocks), recompute)
     cuda = device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
@@ -196,7 +221,7 @@ def measure(args, model_name: str, mb: int, accum: int, recompute: str, fused: b
         loss = float(step())
         times.append(time.perf_counter() - start)
     row = {"model": work.name, "micro_batch": mb, "grad_accum": accum, "recompute": recompute, "fused_ops": fused,
-           "fused_modules": switched, "step_s": statistics.median(times[args.warmup:]),
+           "fused_capable_modules": capable, "step_s": statistics.median(times[args.warmup:]),
            "step_s_timed": times[args.warmup:], "last_loss": loss,
            "peak_gib": torch.cuda.max_memory_allocated() / GIB if cuda else 0.0}
     if cuda and args.profile_steps > 0:
@@ -212,10 +237,9 @@ def main(argv=None) -> None:
         args.warmup, args.steps, args.profile_steps = 0, 1, 0
     device = torch.device("cuda" if torch.cuda.is_available() and not args.dry else "cpu")
     rows, name = [], torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
-    for case in args.case or DEFAULT_CASES:
-        model_name, mb, accum, recompute = case.split(":")
-        for fused in (bool(int(f)) for f in args.fused.split(",")):
-            row = measure(args, model_name, int(mb), int(accum), recompute, fused, device)
+    for model_name, mb, accum, recompute in args.case or [_case(c) for c in DEFAULT_CASES]:
+        for fused in args.fused:
+            row = measure(args, model_name, mb, accum, recompute, fused, device)
             gc.collect()  # the last model's recompute wrappers are reference cycles; free them before the next
             if device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -118,7 +118,7 @@ def test_resume_rejects_overrides_the_checkpoint_fixes(tmp_path):
     line = _error_line(runner.invoke(app, ["run", "--resume", str(run), "--set", "model.size='small'"]))
     assert "--set model.size cannot change on resume" in line
     line = _error_line(runner.invoke(app, ["run", "--resume", str(run), "--tune", "predict"]))
-    assert "--tune cannot change on resume" in line and "--set" not in line
+    assert "--tune cannot be given with --resume" in line and "--set" not in line
     line = _error_line(runner.invoke(app, ["run", str(run / "config.toml"), "--resume", str(run)]))
     assert "either a CONFIG or --resume, not both" in line
     line = _error_line(runner.invoke(app, ["run", "--resume", str(run), "--set", "run.device='cpu'"]))

@@ -143,10 +143,7 @@ def run(config: Annotated[Optional[Path], typer.Argument(
     try:
         if resume is not None and run_dir is not None:
             _fail("give either --resume or --run-dir, not both")
-        if resume is not None and tune is not None:
-            _fail(f"--resume {resume}: --tune cannot change on resume: the run keeps the plan its checkpoint was "
-                  f"trained with ({resume / 'plan.json'})")
-        if tune is not None:
+        if tune is not None and resume is None:
             overrides = [*(overrides or []), f"parallel.tune='{tune.value}'"]
         if resume is not None:
             if config is not None:
@@ -154,6 +151,9 @@ def run(config: Annotated[Optional[Path], typer.Argument(
                       f"{resume / 'config.toml'})")
             if not (resume / "config.toml").is_file():
                 _fail(f"--resume {resume}: not a run folder (no config.toml)")
+            if tune is not None:
+                _fail(f"--resume {resume}: --tune cannot be given with --resume: the run keeps the plan its "
+                      f"checkpoint was trained with ({resume / 'plan.json'})")
             check_resume_overrides(overrides)
             cfg = load_config(resume / "config.toml", overrides)
             from lf_orchestrator.checkpoint import latest_checkpoint

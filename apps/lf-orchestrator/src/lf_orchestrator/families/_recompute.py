@@ -81,7 +81,7 @@ def plan_family_recompute(cfg, family, plan, dtype_bytes: int, *, pp_rank: int =
     if states.optimizer_peak > total:
         raise ConfigError(f"memory.budget_gib: {cfg.memory.budget_gib} GiB is less than the optimizer step's "
                           f"{states.optimizer_peak / 2**30:.4f} GiB of weights, gradients, AdamW state and "
-                          f"communication buffers, whatever is recomputed")
+                          f"communication buffers, which no recompute mode reduces")
     budget = total - fixed
     in_flight = 1
     if plan.pp > 1:

@@ -173,8 +173,11 @@ def _check_placeholders(where_bs: torch.Tensor, tokens: int, token_id: int) -> N
     """Raise unless ``where_bs`` (batch, seq) bool marks exactly ``tokens`` placeholders.
 
     On the host a ``ValueError``; on an accelerator an asynchronous device assert
-    (``torch._assert_async``), so the check costs no host-device synchronization
-    (a mismatch then fails the next synchronizing call with this message).
+    (``torch._assert_async``), so the check costs no host-device synchronization.
+    A mismatch there fails the next synchronizing call with CUDA's generic
+    "device-side assert triggered" (this message goes to the kernel's stderr) and
+    leaves the CUDA context unusable: the process must restart. ``lf run``'s
+    collate builds the placeholders from the grids, so it never trips this.
     """
     message = f"input_ids: the number of placeholders (id {token_id}) differs from the {tokens} vision tokens"
     if where_bs.device.type == "cpu":
