@@ -262,9 +262,7 @@ class RecipeTrainer:
         target units, counted on the host copies: no device sync)."""
         host = self.prefetcher.batches(self.step)
         units = sum(int(self.family.normalizer(b)) for b in host)
-        keep = self.family.host_keys
-        return [{k: v if k in keep else v.to(self.ctx.device, non_blocking=True) for k, v in b.items()}
-                for b in host], units
+        return [self.family.to_device(b, self.ctx.device, non_blocking=True) for b in host], units
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step over ``grad_accum`` micro-batches; returns its scalars."""

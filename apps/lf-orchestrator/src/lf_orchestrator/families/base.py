@@ -50,6 +50,11 @@ class Family(abc.ABC):
     """Batch keys that stay on the host when a micro-batch moves to the device: small index tensors the model
     reads on the host (e.g. image grids), which on the GPU would cost a host-device sync at every read."""
 
+    def to_device(self, batch: dict[str, torch.Tensor], device: torch.device,
+                  non_blocking: bool = False) -> dict[str, torch.Tensor]:
+        """``batch`` on ``device``, except the :attr:`host_keys`, which stay where they are."""
+        return {k: v if k in self.host_keys else v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
+
     def __init__(self, cfg, run_dir: Path, ctx):
         self.cfg, self.run_dir, self.ctx = cfg, Path(run_dir), ctx
         m = cfg.model

@@ -149,8 +149,7 @@ class VLMFamily(Family):
         device, mb = next(model.parameters()).device, self.cfg.parallel.micro_batch
         loss = correct = count = 0.0
         for start in range(0, len(self.eval_frames), mb):
-            batch = {k: v if k in self.host_keys else v.to(device)
-                     for k, v in self._batch(self.eval_frames[start:start + mb]).items()}
+            batch = self.to_device(self._batch(self.eval_frames[start:start + mb]), device)
             total, metrics = self.loss_sum(model, batch)
             loss, correct = loss + float(total), correct + float(metrics["answer_accuracy"])
             count += self.normalizer(batch)

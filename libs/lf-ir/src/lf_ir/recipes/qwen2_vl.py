@@ -179,14 +179,14 @@ def _check_placeholders(where_bs: torch.Tensor, tokens: int, token_id: int) -> N
     leaves the CUDA context unusable: the process must restart. ``lf run``'s
     collate builds the placeholders from the grids, so it never trips this.
     """
-    message = f"input_ids: the number of placeholders (id {token_id}) differs from the {tokens} vision tokens"
-    if where_bs.device.type == "cpu":
-        found = int(where_bs.sum())
-        if found != tokens:
-            raise ValueError(f"input_ids hold {found} placeholders (id {token_id}) but the vision tower gives "
-                             f"{tokens} tokens")
-    else:
-        torch._assert_async(where_bs.sum() == tokens, message)
+    if where_bs.device.type != "cpu":
+        torch._assert_async(where_bs.sum() == tokens, f"input_ids: the number of placeholders (id {token_id}) "
+                            f"differs from the {tokens} vision tokens")
+        return
+    found = int(where_bs.sum())
+    if found != tokens:
+        raise ValueError(f"input_ids hold {found} placeholders (id {token_id}) but the vision tower gives {tokens} "
+                         "tokens")
 
 
 class Qwen2VLModel(nn.Module):
