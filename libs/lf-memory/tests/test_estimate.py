@@ -39,6 +39,7 @@ class FakePlan:
     pp_schedule: str = "1f1b"
     pp_virtual_stages: int = 1
     cp_kind: str = "ring"
+    precision: str = "fp32"
     components: dict = field(default_factory=dict)
 
     @property
@@ -169,6 +170,37 @@ def test_pipeline_in_flight_micro_batches():
     assert staged.activations == 2 * (SEQ * 8 + 2 * block_input)
     others = sum(n.saved_bytes(1, SEQ, 4) for n in graph.components[0].nodes if "layer" not in n.name)
     assert one.activations == others + 4 * block_input
+
+
+def test_cuda_kernels_count_fused_rms_norm():
+    """Oracle: the documented difference between the CPU and CUDA RMSNorm rules, written out per norm (bf16,
+    batch 2): CPU keeps a float32 input, ``x * rstd`` and rstd (``(2Td + T) * 4``); CUDA's fused kernel the input
+    and a float32 rstd (``T * d * in + T * 4``). A decoder's norms read the float32 residual stream (in = 4: autocast
+    over float32 weights) unless FSDP2 casts the parameters (ZeRO-3, plan precision bf16: in = 2); the DiT's
+    q/k norms read bf16 projections (in = 2)."""
+    def cpu_minus_cuda(tokens, dim, input_bytes):
+        return (2 * tokens * dim + tokens) * 4 - (tokens * dim * input_bytes + tokens * 4)
+
+    graph = llama3.build_graph(llama3_config("tiny"), SEQ)
+    nodes = graph.components[0].nodes
+    norms = 2 * sum(type(n).__name__ == "TransformerBlock" for n in nodes) + 1  # two per block, the final one
+    dim, tokens = nodes[0].out_dim, 2 * SEQ
+    for plan, input_bytes in ((None, 4), (FakePlan(dp=2, zero_stage=3, precision="bf16"), 2)):
+        cpu = estimate_memory(graph, plan, precision="bf16", batch=2, seq=SEQ, kernels="cpu").activations
+        cuda = estimate_memory(graph, plan, precision="bf16", batch=2, seq=SEQ, kernels="cuda").activations
+        assert cpu - cuda == norms * cpu_minus_cuda(tokens, dim, input_bytes)
+
+    cfg = wan_dit.wan_dit_config("tiny")
+    dit = wan_dit.build_graph(cfg)
+    seq = dit.component("video").seq_len
+    blocks = cfg.layers
+    per_block = 3 * cpu_minus_cuda(2 * seq, cfg.dim, 2) + cpu_minus_cuda(2 * cfg.text_len, cfg.dim, 2)  # q, k; q; k
+    cpu = estimate_memory(dit, precision="bf16", batch=2, kernels="cpu")
+    cuda = estimate_memory(dit, precision="bf16", batch=2, kernels="cuda")
+    assert cpu.activations - cuda.activations == blocks * per_block
+    assert estimate_memory(dit, precision="bf16", batch=2) == cuda  # planning defaults to CUDA
+    with pytest.raises(ValueError, match="kernels"):
+        estimate_memory(dit, kernels="tpu")
 
 
 def test_dit_graph_and_errors():

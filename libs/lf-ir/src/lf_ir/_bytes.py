@@ -16,7 +16,9 @@ lowered modules in float32 and bf16 (``tests/test_ir_bytes.py``):
 - LayerNorm: input (T*d) and ``mean`` / ``rstd`` (T each), all in ``db``.
   RMSNorm (``nn.RMSNorm`` decomposes on CPU and upcasts to float32): the float32
   input, ``x * rstd`` (T*d each) and ``rstd`` (T), at ``max(db, 4)`` bytes; in bf16
-  the bf16 input itself is not kept.
+  the bf16 input itself is not kept. On CUDA (``kernels="cuda"`` of :func:`norm_saved`)
+  an RMSNorm whose weight has its input's dtype runs ``aten::_fused_rms_norm``, which
+  keeps the input itself (T*d*db) and a float32 ``rstd`` (T*4): see :func:`fused_rms_norm_saved`.
 - Attention, the shared input (T*d) of the q/k/v projections; RoPE cos and sin
   (batch*seq*head_dim each); then by ``lf_kernels.attention`` backend:
   flash (``full`` / ``causal`` or a mask equal to one, not packed, no key padding; SDPA's CPU flash
@@ -49,10 +51,66 @@ def check_sizes(node, batch: int, seq: int, dtype_bytes: int) -> None:
     node._positive(batch=batch, seq=seq, dtype_bytes=dtype_bytes)
 
 
-def norm_saved(kind: str, tokens: int, dim: int, dtype_bytes: int) -> int:
-    """Saved bytes of a LayerNorm (``kind="layer"``) or RMSNorm (``"rms"``) over ``tokens`` rows."""
+KERNELS = ("cpu", "cuda")
+"""Kernel paths a saved-bytes rule can describe: ``"cpu"`` (torch's CPU kernels, what lf-ir's byte tests
+measure) or ``"cuda"`` (RMSNorm through torch's fused CUDA kernel; every other rule is the CPU one)."""
+
+RSTD_BYTES = 4
+"""Bytes per ``rstd`` element ``aten::_fused_rms_norm`` keeps: its accumulation type, float32 for float16 /
+bfloat16 / float32 inputs."""
+
+
+def fused_rms_norm_saved(tokens: int, dim: int, input_bytes: int) -> int:
+    """Bytes ``torch.rms_norm`` keeps for backward on CUDA: the input and the per-row ``rstd``.
+
+    ``at::native::rms_norm_symint`` calls ``aten::_fused_rms_norm`` when the weight has the
+    input's dtype (else the composite path of :func:`norm_saved`'s CPU rule); its autograd node
+    ``FusedRmsNormBackward0`` saves ``input``, ``weight`` and ``result1`` (``rstd``, shape
+    ``(..., 1)``, float32 for float16 / bfloat16 / float32 inputs; torch 2.11-2.13,
+    ``torch/csrc/autograd/generated/Functions.h``). No float32 copy of the input, no
+    ``x * rstd``: the backward recomputes them.
+
+    Args:
+        tokens: rows normalized (``batch * seq``).
+        dim: normalized feature size.
+        input_bytes: bytes per element of the input as the kernel receives it (2 bf16 / fp16, 4 float32).
+
+    Returns:
+        ``tokens * dim * input_bytes + tokens * 4`` bytes. Not counted: the weight (a parameter, or
+        under autocast :class:`lf_ir.RMSNormModule`'s ``dim``-element cast of it, ``dim * input_bytes``).
+
+    Example:
+        >>> fused_rms_norm_saved(65_520, 1536, 2)  # one Wan2.1 q norm, 2 x 32,760 tokens, bf16
+        201539520
+    """
+    return tokens * dim * input_bytes + tokens * RSTD_BYTES
+
+
+def norm_saved(kind: str, tokens: int, dim: int, dtype_bytes: int, *, kernels: str = "cpu") -> int:
+    """Saved bytes of a LayerNorm (``kind="layer"``) or RMSNorm (``"rms"``) over ``tokens`` rows.
+
+    Args:
+        kind: ``"layer"`` or ``"rms"``.
+        tokens: rows normalized (``batch * seq``).
+        dim: normalized feature size.
+        dtype_bytes: bytes per element of the norm's input.
+        kernels: ``"cpu"``: torch's CPU path (LayerNorm: input, mean, rstd in ``dtype_bytes``;
+            RMSNorm decomposed: float32 input, ``x * rstd`` and ``rstd``, ``(2 * tokens * dim + tokens)
+            * max(dtype_bytes, 4)``); ``"cuda"``: RMSNorm through ``aten::_fused_rms_norm``
+            (:func:`fused_rms_norm_saved`), LayerNorm as on the CPU.
+
+    Returns:
+        Bytes kept for backward, parameters excluded.
+
+    Raises:
+        ValueError: ``kernels`` not in :data:`KERNELS`.
+    """
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {list(KERNELS)}, got {kernels!r}")
     if kind == "layer":
         return (tokens * dim + 2 * tokens) * dtype_bytes
+    if kernels == "cuda":
+        return fused_rms_norm_saved(tokens, dim, dtype_bytes)
     return (2 * tokens * dim + tokens) * max(dtype_bytes, 4)
 
 

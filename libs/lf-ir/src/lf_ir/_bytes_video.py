@@ -13,7 +13,9 @@ checked against ``saved_tensors_hooks`` (``tests/test_ir_bytes_families.py``):
 - Float32 LayerNorm (DiT ``norm1/2/3``, head): the float32 input (T*d*4) and
   mean / rstd (T*4 each); an affine one in a non-float32 model also keeps the
   float32 copies of its weight and bias (2*d*4).
-- ``nn.RMSNorm`` (DiT q/k norms): :func:`lf_ir._bytes.norm_saved` ``"rms"``.
+- ``nn.RMSNorm`` (DiT q/k norms): :func:`lf_ir._bytes.norm_saved` ``"rms"``; on CUDA
+  (``kernels="cuda"``) the fused kernel's bf16 input and float32 rstd: the norms read the
+  projections' outputs, in ``db`` under autocast, and :class:`lf_ir.RMSNormModule` casts its weight to match.
 - Wan channel RMS norm: the (float32 when upcast) input (T*d*up), the L2 norm
   and its clamp (T*up each) and the normalized input scaled by sqrt(d) (T*d*db).
 - Causal conv3d: its input stream, the input with ``kernel_t - 1`` zero (or
@@ -45,16 +47,17 @@ def fp32_layer_norm_saved(tokens: int, dim: int, db: int, affine: bool = False) 
     return tokens * dim * 4 + 2 * tokens * 4 + weights
 
 
-def dit_attention_saved(node, batch: int, seq: int, db: int) -> int:
+def dit_attention_saved(node, batch: int, seq: int, db: int, kernels: str = "cpu") -> int:
     """Saved bytes of a :class:`~lf_ir._nodes_dit.DiTAttention`, caller-shared tensors excluded.
 
-    The q projection's input (T*d), the q / k RMSNorms, q, k, v and the output as SDPA keeps them
-    (k, v over the ``context_len`` text tokens for cross-attention), and the float32 log-sum-exp.
+    The q projection's input (T*d), the q / k RMSNorms (``kernels``: see :func:`lf_ir._bytes.norm_saved`),
+    q, k, v and the output as SDPA keeps them (k, v over the ``context_len`` text tokens for
+    cross-attention), and the float32 log-sum-exp.
     """
     tokens, d = batch * seq, node.dim
     kv_tokens = batch * node.context_len if node.cross else tokens
     elems = 3 * tokens * d + 2 * kv_tokens * d  # input, q, out; k, v
-    norms = norm_saved("rms", tokens, d, db) + norm_saved("rms", kv_tokens, d, db)
+    norms = norm_saved("rms", tokens, d, db, kernels=kernels) + norm_saved("rms", kv_tokens, d, db, kernels=kernels)
     return elems * db + norms + batch * node.heads * seq * LSE_BYTES
 
 

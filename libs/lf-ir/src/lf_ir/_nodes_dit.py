@@ -97,16 +97,20 @@ class DiTAttention(_Node, frozen=True, kw_only=True, tag="dit_attention"):
         _bytes.check_sizes(self, batch, seq, dtype_bytes)
         return _bytes_video.dit_attention_forward(self, batch, seq, dtype_bytes, _bytes.params_bytes(self, 1))
 
-    def saved_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
+    def saved_bytes(self, batch: int, seq: int, dtype_bytes: int, *, kernels: str = "cpu") -> int:
         """Through lf_kernels' CPU flash path: the q projection's input (T*dim), q, the output (T*dim each), k and
-        v (batch * kv_len * dim each; kv_len = ``context_len`` or ``seq``), the q and k RMSNorms (float32 input,
-        ``x * rstd`` and rstd) and the float32 log-sum-exp (batch*heads*seq*4).
+        v (batch * kv_len * dim each; kv_len = ``context_len`` or ``seq``), the q and k RMSNorms (``kernels="cpu"``:
+        float32 input, ``x * rstd`` and rstd; ``"cuda"``: torch's fused kernel keeps the input and a float32 rstd,
+        :func:`lf_ir._bytes.fused_rms_norm_saved`) and the float32 log-sum-exp (batch*heads*seq*4). Bytes.
 
         Not counted (see :meth:`shared_saved_bytes`): the text context the cross-attention's k/v projections
         keep and the 3D RoPE tables the rotation keeps, tensors every block shares.
+
+        Raises:
+            ValueError: ``kernels`` not ``"cpu"`` or ``"cuda"``.
         """
         _bytes.check_sizes(self, batch, seq, dtype_bytes)
-        return _bytes_video.dit_attention_saved(self, batch, seq, dtype_bytes)
+        return _bytes_video.dit_attention_saved(self, batch, seq, dtype_bytes, kernels)
 
     def shared_saved_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
         """Caller tensors this node keeps that every block of the model shares (count once per model).
@@ -208,8 +212,9 @@ class DiTBlock(_Node, frozen=True, kw_only=True, tag="dit_block"):
         children = sum(c.forward_bytes(batch, seq, dtype_bytes) for c in self.children().values())
         return children + f32_ops * tokens * d * 4 + casts
 
-    def saved_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
-        """The children's bytes (self- and cross-attention, FFN) plus, in float32 unless said: the block's
+    def saved_bytes(self, batch: int, seq: int, dtype_bytes: int, *, kernels: str = "cpu") -> int:
+        """The children's bytes (self- and cross-attention with ``kernels``, see
+        :meth:`DiTAttention.saved_bytes`, and the FFN) plus, in float32 unless said: the block's
         modulation (batch*6*dim; the gates are views of it) and ``1 + scale`` twice (batch*dim each); the
         input and stats of the three LayerNorms (T*dim + 2T each; the affine ``norm2`` of a non-float32
         model adds its weights' float32 copies, 2*dim) and the outputs of norm1 and norm3 (T*dim each); the
@@ -218,7 +223,9 @@ class DiTBlock(_Node, frozen=True, kw_only=True, tag="dit_block"):
         Shared tensors (the text context, the RoPE tables) are not counted: :meth:`shared_saved_bytes`.
         """
         _bytes.check_sizes(self, batch, seq, dtype_bytes)
-        kids = sum(c.saved_bytes(batch, seq, dtype_bytes) for c in (self.self_attn, self.cross_attn, self.ffn))
+        kids = (self.self_attn.saved_bytes(batch, seq, dtype_bytes, kernels=kernels)
+                + self.cross_attn.saved_bytes(batch, seq, dtype_bytes, kernels=kernels)
+                + self.ffn.saved_bytes(batch, seq, dtype_bytes))
         return kids + _bytes_video.dit_block_extra_saved(self, batch, seq, dtype_bytes)
 
     def shared_saved_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:

@@ -56,10 +56,18 @@ class Norm(_Node, frozen=True, kw_only=True, tag="norm"):
         _bytes.check_sizes(self, batch, seq, dtype_bytes)
         return 2 * batch * seq * self.dim * dtype_bytes + _bytes.params_bytes(self, dtype_bytes)
 
-    def saved_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
-        """LayerNorm: input, mean, rstd; RMSNorm: float32 input, ``x * rstd`` and rstd (see ``_bytes``)."""
+    def saved_bytes(self, batch: int, seq: int, dtype_bytes: int, *, kernels: str = "cpu") -> int:
+        """Bytes kept for backward (see :func:`lf_ir._bytes.norm_saved`): LayerNorm: input, mean, rstd; RMSNorm on
+        the CPU: float32 input, ``x * rstd`` and rstd; RMSNorm with ``kernels="cuda"`` (``aten::_fused_rms_norm``):
+        the input and a float32 rstd. ``dtype_bytes`` is the input's (a decoder's residual stream is float32 under
+        autocast over float32 weights).
+
+        Raises:
+            IRError: a non-positive size.
+            ValueError: ``kernels`` not ``"cpu"`` or ``"cuda"``.
+        """
         _bytes.check_sizes(self, batch, seq, dtype_bytes)
-        return _bytes.norm_saved(self.kind, batch * seq, self.dim, dtype_bytes)
+        return _bytes.norm_saved(self.kind, batch * seq, self.dim, dtype_bytes, kernels=kernels)
 
 
 class Attention(_Node, frozen=True, kw_only=True, tag="attention"):

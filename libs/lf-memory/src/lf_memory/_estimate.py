@@ -170,8 +170,11 @@ def estimate_memory(graph, plan=None, *, batch: int | None = None, seq: int | No
         recompute: lf-memory's mode: ``"none"``, ``"full"``, ``"selective"`` or ``"every_k"``.
         recompute_every: the k of ``"every_k"``.
         stage: a pipeline stage; None returns the stage with the highest total.
-        kernels: ``"cuda"`` (fused RMSNorm, the default for planning) or ``"cpu"``
-            (lf-ir's CPU rules exactly: what ``measure_saved_bytes`` sees on the CPU).
+        kernels: ``"cuda"`` (the default for planning: RMSNorms keep what ``aten::_fused_rms_norm`` saves,
+            their input and a float32 rstd; a decoder's norms read the float32 residual stream of autocast
+            over float32 weights, or the ``precision`` one when the plan's FSDP2 casts the parameters:
+            ``zero_stage >= 2`` with ``plan.precision`` bf16 / fp16) or ``"cpu"`` (lf-ir's CPU rules exactly:
+            what ``measure_saved_bytes`` sees on the CPU).
 
     Returns:
         A :class:`MemoryEstimate` in bytes.
@@ -182,7 +185,7 @@ def estimate_memory(graph, plan=None, *, batch: int | None = None, seq: int | No
     Example:
         >>> from lf_ir.recipes import llama3
         >>> g = llama3.build_graph(llama3.llama3_config("tiny"), 32)
-        >>> estimate_memory(g, precision="fp32").params == 4 * 82_688
+        >>> estimate_memory(g, precision="fp32").params == 4 * 119_104
         True
     """
     if precision not in _ACT_BYTES:
@@ -215,6 +218,8 @@ def _stage_estimate(graph, plan, stage, batch, seq, precision, optimizer, recomp
     shards = _plan_value(plan, "dp_shard", 1) * cp if zero >= 2 else 1
     micro = batch or _plan_value(plan, "micro_batch", 1)
     db = _ACT_BYTES[precision]
+    fsdp_casts = zero >= 2 and _plan_value(plan, "precision", "fp32") != "fp32"  # MixedPrecisionPolicy(param_dtype)
+    stream_db = db if fsdp_casts else 4  # the residual stream: float32 under autocast over float32 weights
     elems = full_elems = tensors = biggest_block = head_elems = 0
     acts = temps = recompute_peak = ring_peak = 0.0
     ring = cp > 1 and _plan_value(plan, "cp_kind", "ring") == "ring"
@@ -231,15 +236,15 @@ def _stage_estimate(graph, plan, stage, batch, seq, precision, optimizer, recomp
             if isinstance(node, LMHead):
                 head_elems += count * e
         for node, count in others.items():
-            acts += count * node_saved(node, micro, tokens_seq, db, "none", tp, sp, cp, kernels)
+            acts += count * node_saved(node, micro, tokens_seq, db, "none", tp, sp, cp, kernels, stream_db)
             if isinstance(node, LMHead):
                 temps += micro * tokens_seq / cp * node.vocab_size / tp * (db + 8)
         flags = recompute_flags(len(comp.blocks), recompute, every=every)
         ratio = sum(flags) / len(flags) if flags else 0.0
         block_mode = "selective" if recompute == "selective" else "full"
         for node, count in blocks.items():
-            plain = node_saved(node, micro, tokens_seq, db, "none", tp, sp, cp, kernels)
-            kept = node_saved(node, micro, tokens_seq, db, block_mode, tp, sp, cp, kernels)
+            plain = node_saved(node, micro, tokens_seq, db, "none", tp, sp, cp, kernels, stream_db)
+            kept = node_saved(node, micro, tokens_seq, db, block_mode, tp, sp, cp, kernels, stream_db)
             acts += count * (ratio * kept + (1 - ratio) * plain)
             if ratio:
                 recompute_peak = max(recompute_peak, plain - kept)

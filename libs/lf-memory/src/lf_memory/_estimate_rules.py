@@ -16,8 +16,12 @@ Legend: ``T = batch * seq / cp`` local tokens, ``d`` width, ``H`` MLP hidden wid
   ``is_block``): without recompute their ``saved_bytes``, 70% of it divided by tp
   as for a transformer block; recomputed, :func:`lf_memory.block_saved_terms` of the
   mode (the input divided by sp, matmul and attention outputs by tp).
-- ``kernels="cuda"``: RMSNorm runs fused (``torch._fused_rms_norm``), which keeps its
-  input and a float32 ``rstd`` only, not the CPU decomposition's float32 input and ``x * rstd``.
+- ``kernels="cuda"``: RMSNorm runs fused (``aten::_fused_rms_norm``), which keeps its
+  input and a float32 ``rstd`` only (:func:`lf_ir._bytes.fused_rms_norm_saved`), not the CPU
+  decomposition's float32 input and ``x * rstd``. A decoder's norms (a transformer block's two, a
+  standalone ``Norm`` such as the final one) read the residual stream, ``stream_db`` bytes per
+  element (float32 under autocast over float32 weights); the DiT's q/k norms read the projections'
+  outputs (``db``; nodes whose ``saved_bytes`` takes ``kernels``).
 - Any other node: its ``saved_bytes`` (nodes without one: ``T * out_dim * db``),
   divided by tp only with sequence parallelism. Nodes whose ``seq_split`` is
   ``"none"`` see the whole sequence (cp does not divide their tokens).
@@ -25,9 +29,10 @@ Legend: ``T = batch * seq / cp`` local tokens, ``d`` width, ``H`` MLP hidden wid
 
 from __future__ import annotations
 
+import inspect
 from functools import lru_cache
 
-from lf_ir import TransformerBlock
+from lf_ir import Norm, TransformerBlock
 
 from ._saved_bytes import block_saved_bytes, block_saved_terms, is_block
 
@@ -47,13 +52,36 @@ def _split(terms: dict[str, float], tp: int, sp: bool) -> float:
     return total
 
 
-def _norm_saved(norm, batch: int, seq: int, db: int, kernels: str) -> int:
+def _norm_saved(norm, batch: int, seq: int, db: int, kernels: str, stream_db: int) -> int:
+    """A residual-stream norm: on CUDA an RMSNorm keeps its ``stream_db`` input and a float32 rstd."""
     if kernels == "cuda" and norm.kind == "rms":
-        return batch * seq * (norm.dim * db + 4)
+        return norm.saved_bytes(batch, seq, stream_db, kernels="cuda")
     return norm.saved_bytes(batch, seq, db)
 
 
-def _block_terms(node, batch: int, seq: int, db: int, mode: str, kernels: str) -> dict[str, float]:
+@lru_cache(maxsize=256)
+def _takes_kernels(cls: type) -> bool:
+    rule = getattr(cls, "saved_bytes", None)
+    return rule is not None and "kernels" in inspect.signature(rule).parameters
+
+
+def _own_saved(node, batch: int, seq: int, db: int, kernels: str, stream_db: int) -> int | None:
+    """``node.saved_bytes`` on the ``kernels`` path; None if the node has no rule (or raises NotImplementedError)."""
+    if isinstance(node, Norm):
+        return _norm_saved(node, batch, seq, db, kernels, stream_db)
+    rule = getattr(node, "saved_bytes", None)
+    if rule is None:
+        return None
+    try:
+        if kernels != "cpu" and _takes_kernels(type(node)):
+            return rule(batch, seq, db, kernels=kernels)
+        return rule(batch, seq, db)
+    except NotImplementedError:
+        return None
+
+
+def _block_terms(node, batch: int, seq: int, db: int, mode: str, kernels: str,
+                 stream_db: int) -> dict[str, float]:
     tokens = batch * seq
     width = tokens * node.in_dim * db
     if mode == "full":
@@ -62,8 +90,8 @@ def _block_terms(node, batch: int, seq: int, db: int, mode: str, kernels: str) -
         return {"input": width, "matmul_outputs": block_saved_bytes(node, batch, seq, mode, dtype_bytes=db) - width}
     att = node.attention
     rope = 2 * tokens * att.head_dim * db if getattr(att, "rope", None) is not None else 0
-    return {"norms": _norm_saved(node.attn_norm, batch, seq, db, kernels)
-            + _norm_saved(node.mlp_norm, batch, seq, db, kernels),
+    return {"norms": _norm_saved(node.attn_norm, batch, seq, db, kernels, stream_db)
+            + _norm_saved(node.mlp_norm, batch, seq, db, kernels, stream_db),
             "input": 2 * width, "attention.rope": rope,
             "attention.qkv": att.saved_bytes(batch, seq, db) - width - rope,
             "mlp.hidden": node.mlp.saved_bytes(batch, seq, db) - width}
@@ -71,7 +99,7 @@ def _block_terms(node, batch: int, seq: int, db: int, mode: str, kernels: str) -
 
 @lru_cache(maxsize=65536)
 def node_saved(node, batch: int, seq: int, db: int, mode: str, tp: int, sp: bool, cp: int,
-               kernels: str = "cpu") -> float:
+               kernels: str = "cpu", stream_db: int | None = None) -> float:
     """Bytes ``node`` keeps for backward on one rank (see the module docstring).
 
     Args:
@@ -81,11 +109,13 @@ def node_saved(node, batch: int, seq: int, db: int, mode: str, tp: int, sp: bool
         mode: ``"none"``, ``"full"`` or ``"selective"`` (blocks; other nodes ignore it).
         tp, sp, cp: the component's tensor-parallel degree, sequence parallel, context-parallel degree.
         kernels: ``"cpu"`` (lf-ir's measured CPU rules) or ``"cuda"`` (fused RMSNorm).
+        stream_db: bytes per element of the residual stream the decoder norms read on CUDA (None: ``db``).
     """
+    stream_db = db if stream_db is None else stream_db
     local = seq if node.seq_split == "none" else max(seq // cp, 1)
     if isinstance(node, TransformerBlock):
         try:
-            return _split(_block_terms(node, batch, local, db, mode, kernels), tp, sp)
+            return _split(_block_terms(node, batch, local, db, mode, kernels, stream_db), tp, sp)
         except (TypeError, ValueError, AttributeError, NotImplementedError):
             pass
     if is_block(node) and mode != "none" and not isinstance(node, TransformerBlock):
@@ -93,11 +123,7 @@ def node_saved(node, batch: int, seq: int, db: int, mode: str, tp: int, sp: bool
             return _split(block_saved_terms(node, batch, local, mode, dtype_bytes=db), tp, sp)
         except ValueError:  # no selective rule for this block type: the full recompute bytes
             return _split(block_saved_terms(node, batch, local, "full", dtype_bytes=db), tp, sp)
-    rule = getattr(node, "saved_bytes", None)
-    try:
-        saved = rule(batch, local, db) if rule is not None else None
-    except NotImplementedError:
-        saved = None
+    saved = _own_saved(node, batch, local, db, kernels, stream_db)
     if saved is None:
         saved = batch * local * node.out_dim * db
     if is_block(node):

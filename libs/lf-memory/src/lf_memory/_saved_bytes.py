@@ -32,8 +32,8 @@ kept once per stack in every mode (:func:`stack_shared_bytes`).
 
 Assumptions: one activation dtype, CPU kernels, no dropout, ``seq_q == seq_kv``;
 a ViT attention split into several segments takes a dense-mask path the IR's
-``MMAttention`` rule does not model. CUDA differs (fused RMSNorm, the
-memory-efficient kernel): calibrate there.
+``MMAttention`` rule does not model. CUDA differs (fused RMSNorm: counted by
+``estimate_memory(kernels="cuda")``; the memory-efficient kernel): calibrate there.
 """
 
 from __future__ import annotations
