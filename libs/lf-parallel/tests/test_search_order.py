@@ -18,15 +18,15 @@ from lf_parallel._search import search_plans
 def test_ranking_sorts_by_unrounded_step_time_and_prefers_less_recompute():
     """A tiny model's steps (~0.3 ms) differ by less than the 0.1 ms the ranking used to round to: then
     ``full`` ranked first (less memory broke the tie). Now the order is the predictions' own, and a plan's
-    ``none`` comes before its ``selective`` and ``full`` (each predicted slower or equal)."""
+    ``none`` comes before its ``selective`` and ``full`` (each predicted slower or equal; the tiny model is
+    host-bound, where ``selective``'s dispatch mode can cost more than ``full``, as measured for Qwen2-VL)."""
     graph = llama3.build_graph(llama3.llama3_config("tiny"), 128)
     ranked = search_plans(graph, make_cluster(gpus=1, gpu="h100"), global_batch=16, seq=128, top=1000).ranked
     steps = [c.cost.step_s for c in ranked]
     assert steps == sorted(steps) and ranked[0].recompute == "none"
-    order = {"none": 0, "selective": 1, "full": 2}
     for plan in {c.plan.describe() for c in ranked}:
         modes = [c.recompute for c in ranked if c.plan.describe() == plan]
-        assert modes == sorted(modes, key=order.__getitem__), (plan, modes)
+        assert modes[0] == "none" and sorted(modes) == ["full", "none", "selective"], (plan, modes)
 
 
 def test_qwen2_vl_7b_pipeline_splits_the_language_model():

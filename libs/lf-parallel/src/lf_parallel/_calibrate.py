@@ -94,6 +94,21 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     rest of the model predicts 1.089 s and 0.888 s, and 186 us leaves -3.5% and +3.2% (without it: -31% and -27%;
     ``tests/test_cost_model_mm.py`` checks it). Measured with one image per sample, so images and samples share
     one constant."""
+    host_us_per_launch: float = 65.0
+    """Host time per kernel launch issued from Python (a block's forward, a recomputed forward, the model's glue),
+    microseconds: module calls, autocast casts and autograd recording around each ATen op
+    (:mod:`lf_parallel._host_cost`). Fitted together with the two below (grid search, smallest largest |error|)
+    to the eight Qwen2-VL 8 + 7 layers rows on one H200 (``bench/results/autotune_qwen2_vl_h200.json``: micro-batch
+    1 / 2 x recompute none / selective / full; ``step_anatomy_qwen_h200.json``: none, fused ops off), the
+    host-bound model of the committed data; errors then -13% to +10% (were -18% to -64%). GPU-bound Llama-3 and
+    Wan2.1 rows do not move (their launches take 8% of the GPU time). ``scripts/host_cost_check.py`` prints it."""
+    host_us_per_backward_launch: float = 30.0
+    """Host time per kernel launch of the backward pass (the C++ autograd engine), microseconds. Fitted
+    with :attr:`host_us_per_launch`."""
+    host_us_per_sac_launch: float = 40.0
+    """Extra host time per forward or recomputed op of a block under ``selective`` recompute (the selective
+    checkpoint's Python ``TorchDispatchMode`` sees every op), microseconds. Fitted with
+    :attr:`host_us_per_launch`."""
     source: str = "defaults"
     """``"defaults"`` (BENCH.md ratios) or ``"measured <device>, torch <version>"``."""
     comm: CommCalibration | None = None

@@ -27,10 +27,12 @@ compute except one block's share. The optimizer (fused AdamW) reads and writes
 
     step = m * t_stage + bubble(schedule) * t_stage + exposed DP + optimizer
 
-with ``t_stage`` the slowest stage's micro-batch time. Packed multimodal rows (:mod:`lf_parallel._mm_cost`):
-the attention core of a per-image vision tower is divided by ``images_per_sample`` and that of the decoder
-by ``docs_per_sample``, and each attention segment costs host overhead per block and pass. MFU follows
-BENCH.md: the IR's dense-attention forward + backward FLOPs per token over the GPU's bf16 peak.
+with ``t_stage`` the slowest stage's micro-batch time. Its compute part is the GPU time or the host time of
+launching its kernels, whichever sets the pace (:mod:`lf_parallel._host_cost`: launches counted per block type,
+priced per launch; per pass when the model syncs inside each micro-batch). Packed multimodal rows
+(:mod:`lf_parallel._mm_cost`): the attention core of a per-image vision tower is divided by ``images_per_sample``
+and that of the decoder by ``docs_per_sample``, and each attention segment costs host overhead per block and pass.
+MFU follows BENCH.md: the IR's dense-attention forward + backward FLOPs per token over the GPU's bf16 peak.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from lf_memory._recompute_modes import recompute_flags
 from lf_parallel._calibrate import Calibration, default_calibration
 from lf_parallel._cluster import Cluster
 from lf_parallel._comm_model import bubble_micro_batches, collective_time, mesh_strides
+from lf_parallel._host_cost import host_pass_s, overlap_step, stage_launches
 from lf_parallel._mm_cost import packed_components, per_image_components, segment_overhead_s, segments
 
 _DB = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -78,6 +81,11 @@ class StepCost(msgspec.Struct, frozen=True, kw_only=True):
     """Peak memory per GPU (lf-memory's estimate)."""
     host_s: float = 0.0
     """Host and launch overhead of attention run segment by segment, all micro-batches (:mod:`lf_parallel._mm_cost`)."""
+    launch_host_s: float = 0.0
+    """Host time issuing the kernels of all micro-batches (:mod:`lf_parallel._host_cost`); it overlaps the GPU
+    work, so the step holds ``compute_s + recompute_s`` or this, whichever sets the pace, not their sum."""
+    launches: float = 0.0
+    """Predicted kernel launches of one step (all micro-batches; the optimizer's in the per-node share)."""
 
 
 def _attention_of(node):
@@ -188,7 +196,7 @@ def step_cost(graph, plan, cluster: Cluster, *, recompute: str | dict[str, str] 
     modes = recompute if isinstance(recompute, dict) else {}
     worst = None
     for stage in sorted({0, plan.pp - 1}):
-        fwd = bwd = rc = tp_c = cp_c = host = 0.0
+        fwd = bwd = rc = tp_c = cp_c = host = h_fwd = h_bwd = n_launch = 0.0
         elems = blocks_on_stage = 0
         width = 0
         for comp in view.components:
@@ -199,6 +207,9 @@ def step_cost(graph, plan, cluster: Cluster, *, recompute: str | dict[str, str] 
             segs = segments(comp.name, packed, per_image, images_per_sample, docs_per_sample)
             ratio = sum(flags) / len(flags) if flags else 0.0
             blocks, others = view.stage_nodes(comp, stage, plan.pp)
+            launches = stage_launches(blocks, sum(others.values()), mode, ratio)
+            hf, hb = host_pass_s(launches, mode == "selective", cal)
+            h_fwd, h_bwd, n_launch = h_fwd + hf, h_bwd + hb, n_launch + sum(launches)
             host += segment_overhead_s(comp.name, packed, per_image, segs, mb, sum(blocks.values()),
                                        2 + (ratio if mode in ("full", "every_k") else 0),
                                        cal.host_overhead_us_per_segment)
@@ -233,11 +244,12 @@ def step_cost(graph, plan, cluster: Cluster, *, recompute: str | dict[str, str] 
             msg = mb * (seq or view.component(view.main).seq_len) / cp * width * db
             pp_c = 2 * plan.pp_virtual_stages * coll("p2p", msg / (plan.component_tp(view.main) if plan.sp else 1),
                                                      2, "pp")
-        t_mb = fwd + bwd + rc + tp_c + cp_c + pp_c + host
-        cand = (t_mb, fwd, bwd, rc, tp_c, cp_c, pp_c, elems, max(blocks_on_stage, 1), host)
+        busy = overlap_step([fwd, bwd + rc], [h_fwd, h_bwd], synced=bool(per_image))
+        t_mb = busy + tp_c + cp_c + pp_c + host
+        cand = (t_mb, fwd, bwd, rc, tp_c, cp_c, pp_c, elems, max(blocks_on_stage, 1), host, h_fwd + h_bwd, n_launch)
         if worst is None or t_mb > worst[0]:
             worst = cand
-    t_mb, fwd, bwd, rc, tp_c, cp_c, pp_c, elems, nblocks, host = worst
+    t_mb, fwd, bwd, rc, tp_c, cp_c, pp_c, elems, nblocks, host, launch_host, n_launch = worst
     m = plan.grad_accum
     dp_c = _dp_exposed(plan, elems, db, fwd + bwd, bwd, m, nblocks, coll)
     memory = memory or estimate_memory(graph, plan, seq=seq, precision=precision,
@@ -255,7 +267,8 @@ def step_cost(graph, plan, cluster: Cluster, *, recompute: str | dict[str, str] 
     return StepCost(step_s=step, compute_s=m * (fwd + bwd), recompute_s=m * rc, exposed_comm_s=sum(comm.values()),
                     bubble_s=bubble, optimizer_s=optimizer, comm=comm,
                     tokens_per_s_per_gpu=tokens / step / plan.world_size, tflops_per_gpu=per_gpu / 1e12,
-                    mfu=per_gpu / (cluster.gpu.bf16_tflops * 1e12), memory=memory, host_s=m * host)
+                    mfu=per_gpu / (cluster.gpu.bf16_tflops * 1e12), memory=memory, host_s=m * host,
+                    launch_host_s=m * launch_host, launches=m * n_launch)
 
 
 def _dp_exposed(plan, elems: int, db: int, compute_mb: float, bwd_mb: float, m: int, nblocks: int, coll) -> float:
