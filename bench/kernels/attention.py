@@ -17,12 +17,14 @@ Cases (bf16, batch 1, forward + backward, one ``out.backward(grad)`` per step):
     once, outside the timing). Target >= 1.2x Flex.
 (c) 3D window on a 21 x 30 x 52 latent grid (Wan 2.1 480p: 81 frames / 4 + 1,
     480 / 16, 832 / 16), window (3, 9, 9) tokens: +-1 latent frame, +-4 rows and
-    columns; 12 heads x 128. Our dispatcher (FlexAttention with our cached block mask),
+    columns; 12 heads x 128. Our dispatcher (``flex_tiles``: FlexAttention on the tokens
+    reordered into 1 x 32 x 4 tiles, one 128-token block each, :mod:`lf_kernels._window_tiles`),
+    ``ours_flex`` (FlexAttention with our cached block mask in the raster order),
     ``ours_halo*`` (the exact tile + key-halo layout, one batched SDPA call over
     1 x a x b query tiles and their key halos: default tile, 8 x 8, 16 x 8, and
     FlexAttention on the tiles) vs FlexAttention compiled on the same mask. Target >= 1.2x Flex.
-    The case's ``work`` entry gives computed / kept score entries of the halo layout
-    and of Flex's block mask, and the bytes of the halo buffers.
+    The case's ``work`` entry gives computed / kept score entries of the tile order, the halo
+    layout and of Flex's raster block mask, and the bytes of the halo buffers.
 
 TFLOP/s count only the kept (unmasked) score entries (``lf_kernels._keep.kept_entries``):
 forward ``4 * heads * kept * head_dim`` (QK^T and PV), backward 2.5x the forward
@@ -111,8 +113,10 @@ def _halo_work(mask: MaskSpec, seq: int, heads: int, head_dim: int, device: str)
     """Computed / kept score entries of the halo layout and of Flex's block mask; halo buffer bytes (bf16)."""
     from lf_kernels._flex import block_mask_for
     from lf_kernels._halo_layout import choose_tile, halo_entries, halo_layout
+    from lf_kernels._window_tiles import BLOCK, tile_order
 
     kept = kept_entries(mask, seq)
+    order = tile_order(mask)
     tile = choose_tile(mask)
     layout = halo_layout(mask, tile, device)
     queries = layout.n_tiles * tile[0] * tile[1]
@@ -121,6 +125,8 @@ def _halo_work(mask: MaskSpec, seq: int, heads: int, head_dim: int, device: str)
     flex_entries = blocks * block_mask.BLOCK_SIZE[0] * block_mask.BLOCK_SIZE[1]
     item = 2  # bf16
     return {
+        "tiles_tile": list(order.tile) if order.tile else None, "tiles_blocks": order.blocks,
+        "tiles_padded_tokens": order.length, "tiles_block_work_ratio": round(order.blocks * BLOCK * BLOCK / kept, 3),
         "halo_tile": list(tile), "halo_tiles": layout.n_tiles, "halo_keys_per_tile": layout.halo,
         "halo_dense_work_ratio": round(halo_entries(mask, tile) / kept, 3),
         "flex_block_work_ratio": round(flex_entries / kept, 3),

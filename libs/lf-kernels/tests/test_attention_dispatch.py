@@ -54,9 +54,11 @@ S_BC, S_WIN = 32760, 21 * 30 * 52
         (BC, (S_BC, S_BC), {"has_documents": True}, "flex"),
         (MaskSpec("block_causal", frame_tokens=100), (S_BC, S_BC), {"flex": False, "split": False},
          "sdpa_mask"),  # > MAX_FRAMES
-        (WIN, (S_WIN, S_WIN), {}, "flex"),
+        (WIN, (S_WIN, S_WIN), {}, "flex_tiles"),
         (WIN, (S_WIN, S_WIN), {"has_key_padding": True}, "flex"),
-        (WIN, (S_WIN, S_WIN), {"return_lse": True}, "flex"),
+        (WIN, (S_WIN, S_WIN), {"return_lse": True}, "flex_tiles"),
+        (WIN, (S_WIN, S_WIN), {"dtype": torch.float32}, "flex_tiles"),
+        (MaskSpec("window_3d", grid=(4, 6, 10), window=(3, 3, 5)), (240, 240), {}, "flex"),  # tiles gain < 15%
         (WIN, (S_WIN, S_WIN), {"has_documents": True}, "flex"),
         (MaskSpec("prefix_lm", prefix_len=300), (4096, 4096), {}, "flex"),
         (MaskSpec("causal"), (1, 4096), {}, "sdpa_mask"),  # decoding: below FLEX_MIN_Q

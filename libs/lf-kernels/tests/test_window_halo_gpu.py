@@ -47,8 +47,7 @@ def _compare(mask, key, *, heads=(8, 2), head_dim=64, padding=False, via_dispatc
     q, k, v = (t.to("cuda", torch.bfloat16).requires_grad_() for t in (q64, k64, v64))
     kp_cuda = None if key_padding is None else key_padding.cuda()
     if via_dispatcher:
-        assert choose_backend(mask, SEQ, SEQ, device="cuda", dtype=torch.bfloat16, has_key_padding=padding) == (
-            "window_halo")
+        assert choose_backend(mask, SEQ, SEQ, device="cuda", dtype=torch.bfloat16, has_key_padding=padding) == "flex"
         out, lse = attention(q, k, v, mask, key_padding=kp_cuda), None
     else:
         result = attention_window_halo(q, k, v, mask, head_dim**-0.5, key_padding=kp_cuda, **halo_kwargs)
@@ -71,8 +70,9 @@ def _compare(mask, key, *, heads=(8, 2), head_dim=64, padding=False, via_dispatc
 
 @pytest.mark.parametrize("padding", [False, True])
 @pytest.mark.parametrize("kind", list(MASKS))
-def test_dispatcher_takes_halo(kind, padding):
-    """Oracle: float64 CPU reference; ``attention`` picks ``window_halo`` (SDPA kernel) for these masks."""
+def test_dispatcher_on_halo_grid(kind, padding):
+    """Oracle: float64 CPU reference; on this grid ``attention`` keeps the raster order (``flex``): the
+    dispatcher does not take the halo path (slower than Flex at the bench shape, BENCHMARKS.md)."""
     _compare(MASKS[kind], ("dispatch", kind, padding), padding=padding, via_dispatcher=True)
 
 

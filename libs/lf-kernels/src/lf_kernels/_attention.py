@@ -15,6 +15,8 @@ static facts (its module docstring holds the order); this module runs it:
 - ``"flash_varlen"`` (CUDA, packed documents, ``flash_attn`` installed or torch's ``varlen_attn``): see
   :mod:`lf_kernels._varlen`; falls back to the next backend when document ids
   are not contiguous runs or the head dim is not a multiple of 8 up to 256 (FlashAttention-2's limits).
+- ``"flex_tiles"`` (CUDA, ``window_3d``): FlexAttention on tokens reordered into 128-token boxes, see
+  :mod:`lf_kernels._window_tiles`; also gives the log-sum-exp.
 - ``"flex"`` (CUDA): compiled FlexAttention on a block mask, see
   :mod:`lf_kernels._flex`; also gives the log-sum-exp.
 - ``"sdpa_mask"``: SDPA with the dense bool mask (fused CPU kernel; CUDA's
@@ -183,6 +185,11 @@ def attention(
         backend = choose_backend(mask, seq_q, seq_kv, split=False, **facts)
     if backend == "sdpa_frames":
         return _sdpa_frames(q, k, v, spec.frame_tokens, scale)
+    if backend == "flex_tiles":
+        from ._window_tiles import attention_window_tiles
+
+        out, lse = attention_window_tiles(q, k, v, spec, scale)
+        return (out, lse) if return_lse else out
     if backend == "flex":
         from ._flex import attention_flex
 

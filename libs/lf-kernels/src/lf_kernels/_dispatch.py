@@ -14,25 +14,29 @@ can ask on a CPU what a CUDA call would take. Order of preference on CUDA:
    plus one batched causal call on the frame-reversed strict upper triangles, merged
    by log-sum-exp (:mod:`lf_kernels._split_attention`); no masked FLOPs, big calls.
    Target on an H200: >= 1.2x compiled FlexAttention (see ``bench/kernels/attention.py``).
-3. ``"flex"``: every other case with ``q_len >= FLEX_MIN_Q`` (FlexAttention,
+3. ``"flex_tiles"``: ``window_3d`` without padding or documents, ``q_len == kv_len``, when
+   :func:`lf_kernels._window_tiles.tile_order` finds a token order of 128-token boxes that keeps at most
+   85% of the raster order's FlexAttention blocks (Wan 2.1 480p, window 3 x 9 x 9: 2,257 vs 3,570):
+   FlexAttention on the reordered sequence (:mod:`lf_kernels._window_tiles`).
+4. ``"flex"``: every other case with ``q_len >= FLEX_MIN_Q`` (FlexAttention,
    compiled, block-sparse; also returns the log-sum-exp). Packed documents go here too: with the block
    mask built once per ``document_ids`` tensor (:mod:`lf_kernels._flex`), Flex beat the FlashAttention-2
    varlen kernel on an H200 (torch 2.11, bf16 fwd+bwd, ``bench/results/varlen_docs_h200.json``): Llama-3
    rows of 8,192 tokens in documents of ~85 tokens 0.95 vs 1.71 ms, of ~1,365 tokens 2.14 vs 3.08 ms,
    8 images x 1,024 patches (16 x 80 heads) 1.06 vs 1.60 ms; building the mask costs 2.0-3.4 ms once per pass.
    Flex compiles once per shape; a run whose lengths change every batch may prefer varlen (below).
-4. ``"flash_varlen"`` (where FlexAttention is missing): packed documents with ``full`` / ``causal``,
+5. ``"flash_varlen"`` (where FlexAttention is missing): packed documents with ``full`` / ``causal``,
    ``q_len == kv_len``, no padding, no log-sum-exp, fp16 / bf16, when a varlen kernel exists (the
    ``flash_attn`` package, else torch's ``varlen_attn``, :mod:`lf_kernels._varlen`): the cross-document
    tiles are skipped, no mask is built, nothing is compiled.
-5. ``"sdpa_frames"`` (only where FlexAttention and the split ops are missing): ``block_causal`` alone
+6. ``"sdpa_frames"`` (only where FlexAttention and the split ops are missing): ``block_causal`` alone
    (no padding, documents or lse), ``q_len == kv_len``, at most :data:`MAX_FRAMES`
    frames: frame ``f``'s queries attend, unmasked, to the key prefix ending with
    frame ``f``, so one mask-free SDPA call per frame is exact with no masked FLOPs.
    Measured on an H200 (torch 2.11, 21 frames x 1,560 tokens, 12 x 128 heads, bf16
    fwd+bwd): 334 TFLOP/s against compiled FlexAttention's 345, so Flex goes first;
    the per-frame calls are too small to fill 132 SMs (wave quantization).
-6. ``"sdpa_mask"`` (dense bool mask) or, for the log-sum-exp, ``"math"``.
+7. ``"sdpa_mask"`` (dense bool mask) or, for the log-sum-exp, ``"math"``.
 
 On the CPU: 1, else ``"sdpa_mask"``, or ``"math"`` for the log-sum-exp
 (FlexAttention has no CPU backward in torch 2.11-2.13, DESIGN.md).
@@ -49,7 +53,9 @@ from ._mask import MaskSpec
 
 __all__ = ["Backend", "FLEX_MIN_Q", "MAX_FRAMES", "canonical_mask", "choose_backend", "select_backend"]
 
-Backend = Literal["sdpa", "sdpa_causal", "sdpa_mask", "math", "flex", "flash_varlen", "sdpa_frames", "sdpa_split"]
+Backend = Literal[
+    "sdpa", "sdpa_causal", "sdpa_mask", "math", "flex", "flex_tiles", "flash_varlen", "sdpa_frames", "sdpa_split"
+]
 
 FLEX_MIN_Q = 128
 """Below this many queries a dense mask is small and FlexAttention's compile is not worth it."""
@@ -123,7 +129,7 @@ def choose_backend(
             ask about machines unlike this one.
 
     Returns:
-        one of ``"sdpa"``, ``"sdpa_causal"``, ``"sdpa_split"``, ``"flash_varlen"``,
+        one of ``"sdpa"``, ``"sdpa_causal"``, ``"sdpa_split"``, ``"flex_tiles"``, ``"flash_varlen"``,
         ``"sdpa_frames"``, ``"flex"``, ``"sdpa_mask"``, ``"math"``.
 
     Example:
@@ -155,6 +161,11 @@ def choose_backend(
         ):
             return "sdpa_split"
         if flex and q_len >= FLEX_MIN_Q and dtype in (*_HALF, torch.float32):
+            if mask.kind == "window_3d" and not has_key_padding and not has_documents and q_len == kv_len:
+                from ._window_tiles import tile_order
+
+                if tile_order(mask).tile is not None:
+                    return "flex_tiles"
             return "flex"
         if (
             flash_attn and has_documents and not has_key_padding and not return_lse and q_len == kv_len

@@ -40,7 +40,7 @@ def _modulate_fwd(X, SHIFT, SCALE, Y, groups, tokens_per_group, hidden, d_blocks
     scale = tl.load(SCALE + b * sc_b + g * sc_g + cols, mask=c_mask, other=0.0).to(tl.float32)
     mask = (t < tokens_per_group)[:, None] & c_mask[None, :]
     offs = (bg * tokens_per_group + t)[:, None] * hidden + cols[None, :]
-    x = tl.load(X + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)  # default cache policy, as swiglu.py says
     y = x * (1.0 + scale[None, :]) + shift[None, :]
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
 

@@ -3,7 +3,9 @@
 ``y = silu(g) * u``; ``dg = dy * u * s * (1 + g * (1 - s))`` with ``s = sigmoid(g)``; ``du = dy * silu(g)``.
 One program per ``(BLOCK_R, BLOCK_D)`` tile, column blocks fastest (consecutive programs touch
 consecutive memory); bytes: forward reads ``g``, ``u``, writes ``y``; backward reads ``dy``, ``g``, ``u``,
-writes ``dg``, ``du``.
+writes ``dg``, ``du``. Loads keep the default cache policy: with ``evict_first`` a flat SwiGLU forward took
+173 us against 166 us without (H200, 8,192 x 14,336 bf16; 428 vs 405 us at 32,760 x 8,960), the gap to
+``torch.compile`` that issue 7 measured.
 """
 
 import functools
@@ -25,10 +27,8 @@ def _tile(pid, n_rows, n_cols, col_blocks, BLOCK_R: tl.constexpr, BLOCK_D: tl.co
 def _swiglu_fwd(G, U, Y, stride_g, stride_u, stride_y, n_rows, n_cols, col_blocks,
                 BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
     rows, cols, mask = _tile(tl.program_id(0), n_rows, n_cols, col_blocks, BLOCK_R, BLOCK_D)
-    g = tl.load(G + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0,
-                eviction_policy="evict_first").to(tl.float32)
-    u = tl.load(U + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0,
-                eviction_policy="evict_first").to(tl.float32)
+    g = tl.load(G + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     y = g * tl.sigmoid(g) * u
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
@@ -37,12 +37,9 @@ def _swiglu_fwd(G, U, Y, stride_g, stride_u, stride_y, n_rows, n_cols, col_block
 def _swiglu_bwd(DY, G, U, DG, DU, stride_dy, stride_g, stride_u, stride_dg, stride_du, n_rows, n_cols, col_blocks,
                 BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
     rows, cols, mask = _tile(tl.program_id(0), n_rows, n_cols, col_blocks, BLOCK_R, BLOCK_D)
-    dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0,
-                 eviction_policy="evict_first").to(tl.float32)
-    g = tl.load(G + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0,
-                eviction_policy="evict_first").to(tl.float32)
-    u = tl.load(U + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0,
-                eviction_policy="evict_first").to(tl.float32)
+    dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     s = tl.sigmoid(g)
     dg = dy * u * s * (1.0 + g * (1.0 - s))
     tl.store(DG + rows[:, None] * stride_dg + cols[None, :], dg.to(DG.dtype.element_ty), mask=mask)
