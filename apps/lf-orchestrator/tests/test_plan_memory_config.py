@@ -133,7 +133,8 @@ def test_memory_error_for_wrong_gpu_count_is_readable():
 
 
 def test_memory_uses_config_recompute(tmp_path):
-    """Oracle: estimate_memory with the config's memory.recompute = "full" on the same graph and plan."""
+    """Oracle: estimate_memory with the config's memory.recompute = "full" on the same graph and the plan the
+    command reports (its ZeRO stage decides whether the norms read a bf16 or float32 residual stream)."""
     from lf_ir.recipes import llama3
     from lf_memory._estimate import estimate_memory
     from lf_parallel._plan import parse_plan
@@ -142,7 +143,8 @@ def test_memory_uses_config_recompute(tmp_path):
     d = _json(["memory", str(path), "--json"])
     assert d["recompute"] == "full"
     graph = llama3.build_graph(llama3.llama3_config("tiny", vocab_size=1024), 128)
-    est = estimate_memory(graph, parse_plan("mb=16", precision="bf16"), seq=128, recompute="full")
+    assert d["plan"].startswith("dp=1 zero_stage=3 precision=bf16 micro_batch=16 ")
+    est = estimate_memory(graph, parse_plan("zero=3,mb=16", precision="bf16"), seq=128, recompute="full")
     assert d["gib"]["activations"] == pytest.approx(est.activations / GIB)
     assert d["gib"]["activations"] < _json(["memory", str(path), "--recompute", "none", "--json"])["gib"][
         "activations"]
