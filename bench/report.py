@@ -250,7 +250,9 @@ def _wan_dit_peer(d: dict) -> list[str]:
              f"{d.get('parallel', 'one GPU')} (one clip per GPU), recompute {d['recompute']}, {d['precision']}; "
              f"median of {d['steps']} steps after "
              f"{d['warmup']}. Model FLOPs from the IR (no recompute) against 989.4 TFLOP/s."
-             + (f" lf / diffusers speed: {ratio:.2f}x." if ratio else ""), ""]
+             + (f" lf / diffusers speed: {ratio:.2f}x." if ratio else "")
+             + (f" With lf's fused ops (`lf_fused`): {fused:.2f}x."
+                if (fused := d.get("speedup_lf_fused_over_diffusers")) else ""), ""]
             + _table(["model", "s/step", "TFLOP/s", "MFU", "peak GiB", "loss falls"], rows))
 
 

@@ -27,6 +27,7 @@ is the slowest rank's, peak memory the largest rank's, FLOPs per GPU one clip's:
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import math
@@ -39,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from lf_ir import materialize
+from lf_ir import materialize, use_fused_ops
 from lf_ir._table import graph_cost
 from lf_ir.interop.diffusers_wan import diffusers_config_from_wan
 from lf_ir.recipes import wan_dit
@@ -74,11 +75,14 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def _lf(cfg, device):
-    """lf's recipe, full recompute (under FSDP2 via lf-parallel when distributed); (model, loss fn, optimizer)."""
+def _lf(cfg, device, fused: bool = False):
+    """lf's recipe, full recompute (under FSDP2 via lf-parallel when distributed), with lf-kernels' fused ops when
+    ``fused`` (``model.fused_ops``: RMSNorm, 3D RoPE, adaLN modulate); (model, loss fn, optimizer)."""
     with torch.device("meta"):
         model = wan_dit.WanDiTModel(cfg)
     model = materialize(model, device, seed=0)
+    if fused:
+        use_fused_ops(model)
     if _world() == 1:
         apply_recompute(model.blocks, "full")
         return model, _lf_loss, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
@@ -183,7 +187,13 @@ def main(argv=None) -> None:
               "model": f"wan_dit {args.size}", "latents": list(grid), "tokens": seq, "text_tokens": cfg.text_len,
               "recompute": "full (both)", "precision": "float32 master weights, bf16 autocast, fused AdamW",
               "flops_per_step": flops, "warmup": args.warmup, "steps": args.steps, "runs": {}}
-    for name, build in (("lf", _lf), ("diffusers", _peer)):
+    try:
+        from importlib.metadata import version
+
+        result["diffusers_version"] = version("diffusers")
+    except Exception:  # not installed: the diffusers run records the error
+        result["diffusers_version"] = None
+    for name, build in (("lf", _lf), ("lf_fused", functools.partial(_lf, fused=True)), ("diffusers", _peer)):
         try:
             r = _measure(build, cfg, batch, args, device)
             r["tflops"] = flops / r["step_s_median"] / 1e12
@@ -196,6 +206,9 @@ def main(argv=None) -> None:
     runs = result["runs"]
     if all("step_s_median" in runs[k] for k in ("lf", "diffusers")):
         result["speedup_lf_over_diffusers"] = runs["diffusers"]["step_s_median"] / runs["lf"]["step_s_median"]
+    if all("step_s_median" in runs[k] for k in ("lf_fused", "diffusers")):
+        fused = runs["lf_fused"]["step_s_median"]
+        result["speedup_lf_fused_over_diffusers"] = runs["diffusers"]["step_s_median"] / fused
     if ctx.rank == 0:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
