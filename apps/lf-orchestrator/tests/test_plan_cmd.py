@@ -38,6 +38,14 @@ def test_plan_table_and_winner_breakdown():
                               "--gpu", "h200", "--top", "2"])
     assert out.exit_code == 0, out.output
     assert "tokens/s/GPU" in out.output and "winner, seconds per step: compute" in out.output
+    out = runner.invoke(app, ["plan", "--recipe", "llama3", "--size", "tiny", "--seq", "256", "--gpus", "2",
+                              "--gpu", "h200", "--top", "2", "--json"])
+    best = json.loads(out.output)["plans"][0]
+    parts = best["breakdown_s"]
+    # A tiny model is host-bound: issuing its kernels takes longer than running them, and the step holds that
+    # launch time (overlapped with the GPU work) instead of the compute.
+    assert parts["host_launch"] > parts["compute"] + parts["recompute"] > 0
+    assert best["step_s"] >= parts["host_launch"]
 
 
 def test_plan_cannot_fit_names_memory():

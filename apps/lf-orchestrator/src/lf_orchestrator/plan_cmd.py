@@ -159,7 +159,8 @@ def _cost_row(cand) -> dict:
             "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu, "tflops_per_gpu": c.tflops_per_gpu, "mfu": c.mfu,
             "peak_gib": c.memory.total / GIB, "breakdown_s": {"compute": c.compute_s, "recompute": c.recompute_s,
                                                                "exposed_comm": c.exposed_comm_s, "bubble": c.bubble_s,
-                                                               "optimizer": c.optimizer_s, **{
+                                                               "optimizer": c.optimizer_s,
+                                                               "host_launch": c.launch_host_s, **{
                                                                    f"comm.{k}": v for k, v in c.comm.items()}},
             "memory_gib": {k: v / GIB for k, v in c.memory.breakdown().items()}}
 
@@ -186,7 +187,8 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
     """Rank parallel plans by predicted step time: tokens/s/GPU, MFU, peak memory, and the winner's breakdown.
 
     With a run CONFIG the ranking is the one ``lf run`` (``parallel.plan = "auto"``) picks from: micro-batches
-    up to ``parallel.micro_batch`` (:func:`.families._plan.rank_plans`)."""
+    up to ``parallel.micro_batch`` (:func:`.families._plan.rank_plans`). The breakdown's ``host_launch`` is the
+    time the host spends issuing kernels; it overlaps compute, so a host-bound step holds it instead of compute."""
     from lf_orchestrator.config import ConfigError
     from lf_orchestrator.families._plan import rank_plans
     from lf_parallel._cluster import ClusterError
