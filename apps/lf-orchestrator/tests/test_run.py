@@ -92,12 +92,14 @@ def test_recompute_modes_train_identically(tiny_config, tmp_path, mode):
     assert losses["none"] == losses[mode]
 
 
-def test_auto_recompute_and_offload_train_identically(tiny_config, tmp_path):
+def test_auto_recompute_and_offload_train_identically(tiny_config, tmp_path, monkeypatch):
     """Oracle: the same run without recomputation or offload. The budget is set half-way between the
-    activation bytes of all-full and of no recomputation (lf-memory's planner costs), so the plan mixes."""
+    activation bytes of all-full and of no recomputation (lf-memory's planner costs on the CPU rules, what the
+    trainer plans with on a CPU device), so the plan mixes; on a CUDA device the trainer plans with
+    ``kernels="cuda"`` (the keyword the trainer passes the planner, checked per device)."""
     from lf_memory._planner import plan_recompute
     from lf_orchestrator.config import ConfigError
-    from lf_orchestrator.trainer import Trainer
+    from lf_orchestrator.trainer import Trainer, make_recompute_plan
     from lf_parallel import init_distributed
 
     ctx = init_distributed("cpu")
@@ -107,8 +109,8 @@ def test_auto_recompute_and_offload_train_identically(tiny_config, tmp_path):
     (tmp_path / "none").mkdir()
     ref = Trainer(load_config(tiny_config, base), tmp_path / "none", ctx)
     graph, mb = ref.model.graph, ref.plan.micro_batch
-    bytes_of = [plan_recompute(graph, 2**50, mb, None, 4, key_padding={"backbone"}, options=opts).saved_bytes
-                for opts in (("full",), ("none", "full"))]
+    bytes_of = [plan_recompute(graph, 2**50, mb, None, 4, key_padding={"backbone"}, options=opts,
+                               kernels="cpu").saved_bytes for opts in (("full",), ("none", "full"))]
     params = sum(p.numel() for p in ref.model.parameters())
     gib = (16 * params + sum(bytes_of) / 2) / 2**30
     ref.fit()
@@ -118,6 +120,15 @@ def test_auto_recompute_and_offload_train_identically(tiny_config, tmp_path):
     trainer = Trainer(cfg, tmp_path / "auto", ctx)
     assert trainer.recompute_plan.fits and 0 < len(trainer.recomputed) <= len(trainer.model.blocks)
     assert set(trainer.recompute_plan.block_options()) != {"full"}
+    # the plan's bytes follow the run's device: the CPU rules here, fused RMSNorm (kernels="cuda") on a GPU
+    import lf_orchestrator.trainer as trainer_mod
+
+    seen = []
+    monkeypatch.setattr(trainer_mod, "plan_recompute", lambda *a, **kw: seen.append(kw["kernels"]) or
+                        plan_recompute(*a, **kw))
+    for device in ("cpu", "cuda", None):  # None: the model's device (the CPU here)
+        make_recompute_plan(cfg, trainer.model, mb, trainer.precision, device)
+    assert seen == ["cpu", "cuda", "cpu"]
     trainer.fit()
     assert _losses(tmp_path / "none") == _losses(tmp_path / "auto")
 

@@ -23,6 +23,7 @@ from lf_ir.recipes.qwen2_vl import qwen2_vl_config
 from lf_memory._measure import measure_saved_bytes
 from lf_memory._planner import block_option_costs, plan_recompute, solve_recompute
 from lf_memory._recompute_modes import apply_recompute
+from lf_memory._saved_bytes import block_saved_terms, stack_shared_bytes
 
 
 def _brute(items, budget):
@@ -101,6 +102,10 @@ def test_bad_arguments_raise():
         plan_recompute(graph, -1, 1)
     with pytest.raises(ValueError, match="containing 'full', got \\['none'\\]"):
         plan_recompute(graph, 1000, 1, options=("none",))
+    with pytest.raises(ValueError, match="kernels must be 'cpu' or 'cuda', got 'rocm'"):
+        plan_recompute(graph, 1000, 1, kernels="rocm")
+    with pytest.raises(ValueError, match="stream_db must be None or an int >= 1, got 0"):
+        plan_recompute(graph, 1000, 1, stream_db=0)
 
 
 def _llama(layers):
@@ -119,14 +124,15 @@ def _llama_measured(model):
 
 
 def test_planned_llama_fits_its_budget_and_is_exact():
-    """Oracle: measured bytes of the whole planned tiny Llama 3 (4 blocks) within 5% of the plan and under
-    its budget; logits, loss and every gradient torch.equal to the model without recomputation."""
+    """Oracle: measured bytes of the whole planned tiny Llama 3 (4 blocks, CPU, so ``kernels="cpu"``) within 5%
+    of the plan and under its budget; logits, loss and every gradient torch.equal to the model without recomputation."""
     reference, model = _llama(4), _llama(4)
     graph = llama_graph(model.cfg, seq_len=LLAMA_SEQ)
-    full = plan_recompute(graph, 10**12, BATCH, dtype_bytes=4, options=("full",))
-    none = plan_recompute(graph, 10**12, BATCH, dtype_bytes=4)
+    cpu = {"dtype_bytes": 4, "kernels": "cpu"}  # measured on the CPU: the CPU byte rules
+    full = plan_recompute(graph, 10**12, BATCH, options=("full",), **cpu)
+    none = plan_recompute(graph, 10**12, BATCH, **cpu)
     budget = (full.saved_bytes + 2 * none.saved_bytes) // 3
-    plan = plan_recompute(graph, budget, BATCH, dtype_bytes=4)
+    plan = plan_recompute(graph, budget, BATCH, **cpu)
     assert plan.fits and len(set(plan.block_options())) > 1, plan.block_options()
     chosen = apply_recompute(model.blocks, "auto", plan=plan)
     assert chosen == [i for i, o in enumerate(plan.block_options()) if o != "none"]
@@ -168,3 +174,69 @@ def test_auto_on_vla_is_bitwise_exact():
     grads = dict(reference.named_parameters())
     for name, param in model.named_parameters():
         assert torch.equal(param.grad, grads[name].grad), name
+
+
+def _all(graph, mode, **kwargs):
+    """The planner's bytes with every block on ``mode`` (``"none"`` / ``"selective"``: a roomy budget over
+    ``(mode, "full")``; ``"full"``: only full)."""
+    options = ("full",) if mode == "full" else (mode, "full")
+    plan = plan_recompute(graph, 10**15, 1, None, 2, options=options, **kwargs)
+    assert set(plan.block_options()) == {mode}
+    return plan.saved_bytes
+
+
+def _shared(graph):
+
+    return sum(stack_shared_bytes(c.blocks()[0], 1, c.seq_len, 2) for c in graph.components if c.blocks())
+
+
+@pytest.mark.parametrize("recipe", ["llama3", "wan_dit"])
+@pytest.mark.parametrize("kernels", ["cuda", "cpu"])
+def test_planner_counts_the_estimators_bytes(recipe, kernels):
+    """Oracle: ``estimate_memory``'s activations on the same kernel path (one rank, bf16, micro-batch 1): the
+    planner's all-none / all-selective / all-full bytes equal them up to the tensors every block shares (a DiT's
+    text context and RoPE tables, which only the planner counts; its time embedding, which the planner counts
+    once and the estimator once per checkpointed block). Before 0.4.4 the planner always used the CPU rules:
+    Wan2.1-1.3B at 81 x 480 x 832 kept 129.3 GiB without recompute by the planner against 103.8 GiB by
+    ``estimate_memory(kernels="cuda")``, so ``memory.recompute = "auto"`` recomputed 12 blocks where 4 fit."""
+    from lf_ir.recipes import wan_dit
+    from lf_memory import estimate_memory
+
+    if recipe == "llama3":
+        graph = llama_graph(llama3_config("tiny", layers=4), seq_len=256)
+    else:
+        graph = wan_dit.build_graph(wan_dit.wan_dit_config("tiny"))
+    extra = _shared(graph)
+    (comp,) = [c for c in graph.components if c.blocks()]
+    blocks = comp.blocks()
+    # inputs every checkpointed block keeps, the same tensor (a DiT's time embedding): the planner counts them
+    # once whatever the plan (the documented overcount when no block is checkpointed), the estimator per block
+    shared_in = block_saved_terms(blocks[0], 1, comp.seq_len, "full", dtype_bytes=2).get("shared_inputs", 0)
+    for mode in ("none", "selective", "full"):
+        want = estimate_memory(graph, None, precision="bf16", recompute=mode, kernels=kernels).activations
+        got = _all(graph, mode, kernels=kernels)
+        per_block = 0 if mode == "none" else len(blocks)
+        assert got == want + extra + shared_in * (1 - per_block), (mode, got, want, extra, shared_in)
+    if kernels == "cuda" and recipe == "llama3":  # stream_db: the decoder norms' input, as the estimator reads it
+        from types import SimpleNamespace
+
+        fsdp = SimpleNamespace(zero_stage=3, precision="bf16", tp=1, sp=False)
+        est = estimate_memory(graph, fsdp, precision="bf16", kernels="cuda").activations
+        assert _all(graph, "none", stream_db=2) == est + extra < _all(graph, "none")
+
+
+def test_cuda_is_the_default_and_counts_fused_norms():
+    """Oracle: ``lf_ir``'s CUDA norm rule: with ``kernels="cuda"`` (the default) a Llama block kept whole drops
+    the CPU RMSNorm's ``x * rstd`` copies; checkpointed options keep no norm statistics, so they are equal."""
+    from lf_ir import Norm
+
+    graph = llama_graph(llama3_config("tiny", layers=2), seq_len=64)
+    block = graph.components[0].blocks()[0]
+    assert block_option_costs(block, 2, 64) == block_option_costs(block, 2, 64, kernels="cuda")
+    cuda, cpu = block_option_costs(block, 2, 64, 2), block_option_costs(block, 2, 64, 2, kernels="cpu")
+    norm = block.attn_norm
+    assert isinstance(norm, Norm) and norm.kind == "rms"
+    per_norm = norm.saved_bytes(2, 64, 2) - norm.saved_bytes(2, 64, 4, kernels="cuda")
+    assert cpu["none"][0] - cuda["none"][0] == 2 * per_norm
+    assert all(cuda[o][0] == cpu[o][0] for o in ("selective", "selective_attn", "full"))
+    assert cuda["full"] == cpu["full"]

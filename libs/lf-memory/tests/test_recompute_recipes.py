@@ -3,8 +3,8 @@
 Oracles, on the whole tiny ``wan_dit``, ``vla_flow`` and ``qwen2_vl`` models (float32, CPU):
 
 - bytes: ``measure_saved_bytes`` (saved-tensor hooks plus storages alive after the forward) of the
-  whole training forward, within 5% of the planner's prediction (non-block nodes' ``saved_bytes``,
-  shared tensors once, and each block's option cost);
+  whole training forward, within 5% of the planner's prediction on the CPU rules (``kernels="cpu"``:
+  non-block nodes' ``saved_bytes``, shared tensors once, and each block's option cost);
 - numbers: the same model without recomputation; output, loss and every gradient ``torch.equal``;
 - auto: at a budget between the all-full and all-none totals the plan's bytes are under the budget
   and its recomputed FLOPs below full recompute's (the planner's own price list).
@@ -45,8 +45,8 @@ def _reference(recipe: str):
 
 
 def _plan(graph, batch, budget, options=None):
-    kwargs = {} if options is None else {"options": options}
-    return plan_recompute(graph, budget, batch, None, 4, key_padding={"backbone"}, **kwargs)
+    kwargs = {} if options is None else {"options": options}  # measured on the CPU: the CPU byte rules
+    return plan_recompute(graph, budget, batch, None, 4, key_padding={"backbone"}, kernels="cpu", **kwargs)
 
 
 def _predicted(graph, batch: int, per_block: list[str]) -> int:
@@ -54,7 +54,7 @@ def _predicted(graph, batch: int, per_block: list[str]) -> int:
     total = _plan(graph, batch, _BIG, ("none", "full")).saved_bytes
     nodes = [(c, n) for c in graph.components for n in c.blocks()]
     for (comp, node), option in zip(nodes, per_block, strict=True):
-        costs = _option_costs(node, batch, comp.seq_len, 4, comp.name == "backbone", False)
+        costs = _option_costs(node, batch, comp.seq_len, 4, comp.name == "backbone", False, "cpu")
         total -= costs["none"][0] - costs[option][0]
     return total
 

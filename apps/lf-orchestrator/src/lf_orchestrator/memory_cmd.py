@@ -91,7 +91,10 @@ def _auto_estimate(cfg, graph, plan, tokens: int, precision: str):
     (:func:`.families._recompute.plan_family_recompute`) for the pipeline stage with the highest peak. The
     activations are :func:`lf_memory.estimate_memory`'s with every block kept, less the bytes the plan's
     recomputed blocks free by the planner's own byte model (its plan against the same planner keeping every
-    block); temporaries are those of ``full`` when any block is recomputed (one block re-materialized).
+    block); temporaries are those of ``full`` when any block is recomputed (one block re-materialized). Planner and
+    estimate count the same bytes (``kernels="cuda"``: fused RMSNorm, the plan's residual-stream dtype), so
+    the activations equal :func:`lf_memory.estimate_memory`'s rule block by block for the chosen options (the
+    planner's own total adds the few MiB all blocks share, a DiT's text context and RoPE tables).
 
     Raises:
         ValueError: no run config or ``memory.budget_gib`` <= 0 (names the field); ConfigError: the budget

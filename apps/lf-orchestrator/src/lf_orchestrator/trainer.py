@@ -78,11 +78,15 @@ def make_plan(cfg: Config, ctx: DistContext) -> Plan:
                       world_size=ctx.world_size, global_batch=cfg.train.global_batch)
 
 
-def make_recompute_plan(cfg: Config, model: nn.Module, micro_batch: int, precision) -> RecomputePlan | None:
+def make_recompute_plan(cfg: Config, model: nn.Module, micro_batch: int, precision,
+                        device: torch.device | str | None = None) -> RecomputePlan | None:
     """With ``memory.recompute = "auto"``: the knapsack plan for the activation budget, else None.
 
     The budget is ``memory.budget_gib`` less 16 bytes per parameter (float32 weights and gradients, AdamW's
-    two moments). Raises ConfigError when not even full recomputation fits.
+    two moments). The saved bytes follow the run's kernels (``plan_recompute(kernels=)``): ``"cuda"`` on a CUDA
+    ``device`` (fused RMSNorm keeps its input and a float32 rstd; the norms read the float32 residual stream of
+    autocast over the float32 weights DDP trains), else ``"cpu"`` (the CPU rules: what a CPU run keeps).
+    ``device`` None: the model's parameters' device. Raises ConfigError when not even full recomputation fits.
     """
     m = cfg.memory
     if m.recompute != "auto":
@@ -90,7 +94,11 @@ def make_recompute_plan(cfg: Config, model: nn.Module, micro_batch: int, precisi
     params = sum(p.numel() for p in model.parameters())
     budget = int(m.budget_gib * 2**30) - 16 * params
     dtype_bytes = precision.compute_dtype.itemsize
-    plan = plan_recompute(model.graph, max(budget, 0), micro_batch, None, dtype_bytes, key_padding={"backbone"})
+    if device is None:
+        device = next(model.parameters()).device
+    kernels = "cuda" if torch.device(device).type == "cuda" else "cpu"
+    plan = plan_recompute(model.graph, max(budget, 0), micro_batch, None, dtype_bytes, key_padding={"backbone"},
+                          kernels=kernels)
     if not plan.fits:
         raise ConfigError(f"memory.budget_gib: {m.budget_gib} GiB leaves {budget / 2**30:.3f} GiB for activations "
                           f"but even full recomputation keeps {plan.saved_bytes / 2**30:.3f} GiB "
@@ -144,7 +152,8 @@ class Trainer:
             assembly.save_model_spec(self.model, self.run_dir)
         self.precision = resolve_precision(cfg.memory.precision, ctx.device)
         self.plan = make_plan(cfg, ctx)
-        self.recompute_plan = make_recompute_plan(cfg, self.model, self.plan.micro_batch, self.precision)
+        self.recompute_plan = make_recompute_plan(cfg, self.model, self.plan.micro_batch, self.precision,
+                                                  ctx.device)
         self.recomputed = apply_recompute(nn.ModuleList(self.model.blocks), cfg.memory.recompute,
                                           every=cfg.memory.recompute_every, plan=self.recompute_plan)
         self.scaler = DynamicLossScaler(ctx.device.type, enabled=self.precision.needs_loss_scaling)

@@ -58,7 +58,7 @@ from ._estimate_graph import graph_view, is_block
 from ._estimate_rules import node_saved, ring_block_scores
 from ._recompute_modes import recompute_flags
 
-__all__ = ["MemoryEstimate", "estimate_memory", "in_flight_micro_batches"]
+__all__ = ["MemoryEstimate", "estimate_memory", "in_flight_micro_batches", "residual_stream_bytes"]
 
 _OPTIMIZER_BYTES = {"adamw": 8, "adam": 8, "sgd": 0}
 _ACT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -128,6 +128,15 @@ def in_flight_micro_batches(schedule: str, pp: int, stage: int, micro_batches: i
 
 def _plan_value(plan, key: str, default):
     return default if plan is None else getattr(plan, key, default)
+
+
+def residual_stream_bytes(plan, dtype_bytes: int) -> int:
+    """Bytes per element of the residual stream a decoder's norms read on CUDA under ``plan``: ``dtype_bytes``
+    when FSDP2 casts the parameters (``zero_stage >= 2`` with ``plan.precision`` bf16 / fp16:
+    ``MixedPrecisionPolicy(param_dtype)``), else 4 (float32: autocast over float32 weights; ``plan`` None too).
+    The ``stream_db`` of :func:`estimate_memory` and what callers pass to :func:`lf_memory.plan_recompute`."""
+    fsdp_casts = _plan_value(plan, "zero_stage", 0) >= 2 and _plan_value(plan, "precision", "fp32") != "fp32"
+    return dtype_bytes if fsdp_casts else 4
 
 
 def _comp_tp(plan, name: str) -> tuple[int, bool]:
@@ -218,8 +227,7 @@ def _stage_estimate(graph, plan, stage, batch, seq, precision, optimizer, recomp
     shards = _plan_value(plan, "dp_shard", 1) * cp if zero >= 2 else 1
     micro = batch or _plan_value(plan, "micro_batch", 1)
     db = _ACT_BYTES[precision]
-    fsdp_casts = zero >= 2 and _plan_value(plan, "precision", "fp32") != "fp32"  # MixedPrecisionPolicy(param_dtype)
-    stream_db = db if fsdp_casts else 4  # the residual stream: float32 under autocast over float32 weights
+    stream_db = residual_stream_bytes(plan, db)
     elems = full_elems = tensors = biggest_block = head_elems = 0
     acts = temps = recompute_peak = ring_peak = 0.0
     ring = cp > 1 and _plan_value(plan, "cp_kind", "ring") == "ring"

@@ -29,12 +29,11 @@ Legend: ``T = batch * seq / cp`` local tokens, ``d`` width, ``H`` MLP hidden wid
 
 from __future__ import annotations
 
-import inspect
 from functools import lru_cache
 
 from lf_ir import Norm, TransformerBlock
 
-from ._saved_bytes import block_saved_bytes, block_saved_terms, is_block
+from ._saved_bytes import block_saved_bytes, block_saved_terms, is_block, node_saved_bytes, norm_saved_bytes
 
 _TP_TERMS = frozenset({"attention.qkv", "mlp.hidden", "matmul_outputs", "attention.lse", "attention.out"})
 _KEPT_TERMS = frozenset({"attention.rope"})
@@ -52,30 +51,13 @@ def _split(terms: dict[str, float], tp: int, sp: bool) -> float:
     return total
 
 
-def _norm_saved(norm, batch: int, seq: int, db: int, kernels: str, stream_db: int) -> int:
-    """A residual-stream norm: on CUDA an RMSNorm keeps its ``stream_db`` input and a float32 rstd."""
-    if kernels == "cuda" and norm.kind == "rms":
-        return norm.saved_bytes(batch, seq, stream_db, kernels="cuda")
-    return norm.saved_bytes(batch, seq, db)
-
-
-@lru_cache(maxsize=256)
-def _takes_kernels(cls: type) -> bool:
-    rule = getattr(cls, "saved_bytes", None)
-    return rule is not None and "kernels" in inspect.signature(rule).parameters
-
-
 def _own_saved(node, batch: int, seq: int, db: int, kernels: str, stream_db: int) -> int | None:
-    """``node.saved_bytes`` on the ``kernels`` path; None if the node has no rule (or raises NotImplementedError)."""
-    if isinstance(node, Norm):
-        return _norm_saved(node, batch, seq, db, kernels, stream_db)
-    rule = getattr(node, "saved_bytes", None)
-    if rule is None:
+    """``node.saved_bytes`` on the ``kernels`` path (:func:`lf_memory._saved_bytes.node_saved_bytes`, the
+    planner's rule too); None if the node has no rule (or raises NotImplementedError)."""
+    if not isinstance(node, Norm) and getattr(node, "saved_bytes", None) is None:
         return None
     try:
-        if kernels != "cpu" and _takes_kernels(type(node)):
-            return rule(batch, seq, db, kernels=kernels)
-        return rule(batch, seq, db)
+        return node_saved_bytes(node, batch, seq, db, kernels, stream_db)
     except NotImplementedError:
         return None
 
@@ -87,11 +69,12 @@ def _block_terms(node, batch: int, seq: int, db: int, mode: str, kernels: str,
     if mode == "full":
         return {"input": width}
     if mode != "none":
-        return {"input": width, "matmul_outputs": block_saved_bytes(node, batch, seq, mode, dtype_bytes=db) - width}
+        kept = block_saved_bytes(node, batch, seq, mode, dtype_bytes=db, kernels=kernels, stream_db=stream_db)
+        return {"input": width, "matmul_outputs": kept - width}
     att = node.attention
     rope = 2 * tokens * att.head_dim * db if getattr(att, "rope", None) is not None else 0
-    return {"norms": _norm_saved(node.attn_norm, batch, seq, db, kernels, stream_db)
-            + _norm_saved(node.mlp_norm, batch, seq, db, kernels, stream_db),
+    return {"norms": norm_saved_bytes(node.attn_norm, batch, seq, db, kernels, stream_db)
+            + norm_saved_bytes(node.mlp_norm, batch, seq, db, kernels, stream_db),
             "input": 2 * width, "attention.rope": rope,
             "attention.qkv": att.saved_bytes(batch, seq, db) - width - rope,
             "mlp.hidden": node.mlp.saved_bytes(batch, seq, db) - width}
@@ -120,9 +103,11 @@ def node_saved(node, batch: int, seq: int, db: int, mode: str, tp: int, sp: bool
             pass
     if is_block(node) and mode != "none" and not isinstance(node, TransformerBlock):
         try:
-            return _split(block_saved_terms(node, batch, local, mode, dtype_bytes=db), tp, sp)
+            return _split(block_saved_terms(node, batch, local, mode, dtype_bytes=db, kernels=kernels,
+                                            stream_db=stream_db), tp, sp)
         except ValueError:  # no selective rule for this block type: the full recompute bytes
-            return _split(block_saved_terms(node, batch, local, "full", dtype_bytes=db), tp, sp)
+            return _split(block_saved_terms(node, batch, local, "full", dtype_bytes=db, kernels=kernels,
+                                            stream_db=stream_db), tp, sp)
     saved = _own_saved(node, batch, local, db, kernels, stream_db)
     if saved is None:
         saved = batch * local * node.out_dim * db

@@ -18,8 +18,16 @@ pi0 ``JointAttentionBlock``). Each block takes one of
   ``4 * batch * seq^2 * dim`` term of the MFU convention for a transformer block);
 - ``"full"``: the block's whole ``forward_flops``.
 
+Bytes follow a kernel path, ``kernels`` as in :func:`lf_memory.estimate_memory`: ``"cuda"`` (the
+default: the planner plans GPU runs) counts every RMSNorm as ``aten::_fused_rms_norm`` keeps it (its input
+and a float32 rstd; a decoder's norms read the ``stream_db`` residual stream, float32 under autocast over
+float32 weights), ``"cpu"`` the IR's CPU rules (a CPU run). Only the ``"none"`` option and the non-block
+nodes depend on it, so the planner and :func:`lf_memory.estimate_memory` on the same path count the same
+bytes for a block kept whole; before lf-memory 0.4.4 the planner always used the CPU rules, which
+over-count a DiT block by its float32 norm copies, and recomputed Wan blocks that fit on the GPU.
+
 Everything that is not a block (embeddings, patch embeddings, heads, mergers)
-keeps its IR ``saved_bytes`` whatever the plan; nodes without a byte rule are
+keeps its IR ``saved_bytes`` (on the ``kernels`` path) whatever the plan; nodes without a byte rule are
 counted as 0 and listed in :attr:`RecomputePlan.unpredicted`. Tensors every block
 of a component shares (a DiT's text context, RoPE tables and time embedding, a
 joint block's key padding) are counted once per component, as if some block were
@@ -50,7 +58,9 @@ from ._saved_bytes import (
     SHARED_TERMS,
     block_options,
     block_saved_terms,
+    check_kernels,
     is_block,
+    node_saved_bytes,
     stack_shared_bytes,
 )
 
@@ -89,9 +99,10 @@ class RecomputePlan(msgspec.Struct, frozen=True, kw_only=True):
         return {option: flat.count(option) for option in BLOCK_OPTIONS}
 
 
-def _option_costs(node, batch: int, seq: int, dtype_bytes: int, key_padding: bool,
-                  shared: bool) -> dict[str, tuple[int, int]]:
-    terms = {o: block_saved_terms(node, batch, seq, o, key_padding=key_padding, dtype_bytes=dtype_bytes)
+def _option_costs(node, batch: int, seq: int, dtype_bytes: int, key_padding: bool, shared: bool,
+                  kernels: str = "cuda", stream_db: int | None = None) -> dict[str, tuple[int, int]]:
+    terms = {o: block_saved_terms(node, batch, seq, o, key_padding=key_padding, dtype_bytes=dtype_bytes,
+                                  kernels=kernels, stream_db=stream_db)
              for o in block_options(node)}
     saved = {o: sum(v for k, v in t.items() if shared or k not in SHARED_TERMS) for o, t in terms.items()}
     costs = {"none": (saved["none"], 0), "full": (saved["full"], node.forward_flops(batch, seq))}
@@ -104,16 +115,18 @@ def _option_costs(node, batch: int, seq: int, dtype_bytes: int, key_padding: boo
 
 
 def block_option_costs(
-    node, batch: int, seq: int, dtype_bytes: int = 2, *, key_padding: bool = False,
+    node, batch: int, seq: int, dtype_bytes: int = 2, *, key_padding: bool = False, kernels: str = "cuda",
+    stream_db: int | None = None,
 ) -> dict[str, tuple[int, int]]:
     """Option -> (bytes kept for backward, FLOPs recomputed) for one block alone (module docstring's prices).
 
     ``node`` is any lf-ir block; the options are those of :func:`lf_memory._saved_bytes.block_options`.
+    ``kernels`` / ``stream_db``: as :func:`plan_recompute` (default ``"cuda"``).
 
     Raises:
         TypeError / ValueError: as :func:`lf_memory.block_saved_bytes`.
     """
-    return _option_costs(node, batch, seq, dtype_bytes, key_padding, True)
+    return _option_costs(node, batch, seq, dtype_bytes, key_padding, True, kernels, stream_db)
 
 
 def solve_recompute(
@@ -163,7 +176,7 @@ def _component_seq(comp, seq: int | Mapping[str, int] | None) -> int:
 def plan_recompute(
     graph: Graph, budget_bytes: int, batch: int, seq: int | Mapping[str, int] | None = None,
     dtype_bytes: int = 2, *, key_padding: bool | Collection[str] = False, in_flight: int = 1,
-    options: Sequence[str] = BLOCK_OPTIONS,
+    options: Sequence[str] = BLOCK_OPTIONS, kernels: str = "cuda", stream_db: int | None = None,
 ) -> RecomputePlan:
     """Choose per block what to recompute so activations fit ``budget_bytes`` with the least recomputed FLOPs.
 
@@ -182,19 +195,27 @@ def plan_recompute(
             number of stages on the first stage under 1F1B). The bytes of one micro-batch are multiplied.
         options: the block options allowed, a subset of :data:`lf_memory.BLOCK_OPTIONS` with ``"full"``
             (e.g. ``("none", "full")`` for a per-block on/off plan).
+        kernels: the kernel path the bytes follow, as :func:`lf_memory.estimate_memory`'s: ``"cuda"`` (the
+            default; RMSNorms keep what ``aten::_fused_rms_norm`` saves, their input and a float32 rstd) or
+            ``"cpu"`` (lf-ir's CPU rules exactly: a run on the CPU, what ``measure_saved_bytes`` sees there).
+        stream_db: with ``kernels="cuda"``, bytes per element of the residual stream a decoder's norms (a
+            transformer block's two, a standalone ``Norm``) read: None for float32
+            (:data:`lf_memory._saved_bytes.STREAM_BYTES`, autocast over float32 weights), ``dtype_bytes``
+            when FSDP2 casts the parameters (ZeRO-2/3 with a bf16 / fp16 plan, as ``estimate_memory`` counts
+            it). The DiT's q/k norms read the projections' ``dtype_bytes`` outputs whatever it is.
 
     Returns:
         A :class:`RecomputePlan`; ``fits`` False (and every block ``"full"``) when nothing fits.
 
     Raises:
-        ValueError: a non-positive size, ``budget_bytes < 0``, or ``options`` without ``"full"`` or with
-            an unknown option.
+        ValueError: a non-positive size, ``budget_bytes < 0``, ``options`` without ``"full"`` or with
+            an unknown option, or ``kernels`` not ``"cpu"`` / ``"cuda"``.
 
     Example:
         >>> from lf_ir import llama3_config
         >>> from lf_ir.recipes.llama3 import build_graph
         >>> graph = build_graph(llama3_config("tiny"), seq_len=24)
-        >>> plan = plan_recompute(graph, 500_000, batch=2, dtype_bytes=4)
+        >>> plan = plan_recompute(graph, 500_000, batch=2, dtype_bytes=4, kernels="cpu")
         >>> plan.fits, plan.block_options()
         (True, ['selective', 'none'])
     """
@@ -203,6 +224,9 @@ def plan_recompute(
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     if budget_bytes < 0:
         raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+    check_kernels(kernels)
+    if stream_db is not None and (isinstance(stream_db, bool) or not isinstance(stream_db, int) or stream_db < 1):
+        raise ValueError(f"stream_db must be None or an int >= 1, got {stream_db!r}")
     unknown = [o for o in options if o not in BLOCK_OPTIONS]
     if unknown or "full" not in options:
         raise ValueError(f"options must be a subset of {list(BLOCK_OPTIONS)} containing 'full', got {list(options)}")
@@ -218,16 +242,17 @@ def plan_recompute(
         if blocks:  # tensors all blocks share: once per component, under the most demanding option
             first = blocks[0]
             shared = max(sum(v for k, v in block_saved_terms(first, batch, s, o, key_padding=padded,
-                                                              dtype_bytes=dtype_bytes).items() if k in SHARED_TERMS)
+                                                              dtype_bytes=dtype_bytes, kernels=kernels,
+                                                              stream_db=stream_db).items() if k in SHARED_TERMS)
                          for o in block_options(first) if o in options)
             fixed += (shared + stack_shared_bytes(first, batch, s, dtype_bytes)) * in_flight
         for node in comp.nodes:
             if is_block(node):
-                costs = _option_costs(node, batch, s, dtype_bytes, padded, False)
+                costs = _option_costs(node, batch, s, dtype_bytes, padded, False, kernels, stream_db)
                 items.append({o: (b * in_flight, f) for o, (b, f) in costs.items() if o in options})
                 names.setdefault(comp.name, []).append(node.name)
             elif hasattr(node, "saved_bytes"):
-                fixed += node.saved_bytes(batch, s, dtype_bytes) * in_flight
+                fixed += node_saved_bytes(node, batch, s, dtype_bytes, kernels, stream_db) * in_flight
             else:
                 unpredicted.append(f"{comp.name}.{node.name}")
     solved = solve_recompute(items, budget_bytes - fixed) if budget_bytes >= fixed else None

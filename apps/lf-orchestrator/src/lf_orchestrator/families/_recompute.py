@@ -16,8 +16,13 @@ of the trunk, and the encoders on stage 0), with the micro-batches its schedule 
 Context parallel (``plan.cp > 1``): each rank's blocks hold ``seq_len / cp`` tokens, so the planner gets that
 sequence length.
 
+Kernels: the planner and the estimator count the same bytes, ``kernels="cuda"`` by default (fused RMSNorm keeps
+its input and a float32 rstd; a decoder's norms read the residual stream of
+:func:`lf_memory._estimate.residual_stream_bytes`: bf16 under FSDP2 with bf16 parameters, else float32);
+``kernels="cpu"`` for a run on the CPU.
+
 Not modelled: tensor and sequence parallel split activations too (the plan keeps the unsplit bytes, so it
-recomputes more than needed, never less), and the CPU's unfused kernels (``kernels="cuda"`` figures).
+recomputes more than needed, never less).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import msgspec
 from torch import nn
 
 from lf_memory import RecomputePlan, estimate_memory, in_flight_micro_batches, plan_recompute
+from lf_memory._estimate import residual_stream_bytes
 
 
 def _prec(dtype_bytes: int) -> str:
@@ -51,7 +57,8 @@ def _rank_graph(graph, plan, pp_rank: int):
     return msgspec.structs.replace(graph, components=comps)
 
 
-def plan_family_recompute(cfg, family, plan, dtype_bytes: int, *, pp_rank: int = 0) -> RecomputePlan:
+def plan_family_recompute(cfg, family, plan, dtype_bytes: int, *, pp_rank: int = 0,
+                          kernels: str = "cuda") -> RecomputePlan:
     """The recompute plan of this rank's blocks for ``memory.recompute = "auto"`` (see the module docstring).
 
     Args:
@@ -60,6 +67,8 @@ def plan_family_recompute(cfg, family, plan, dtype_bytes: int, *, pp_rank: int =
         plan: the checked parallel plan (``micro_batch``; ``pp``, ``pp_schedule``, ``grad_accum`` for pipelines).
         dtype_bytes: bytes per activation element (2 under bf16 / fp16 autocast, 4 in float32).
         pp_rank: this rank's pipeline rank (``plan.pp > 1``).
+        kernels: ``"cuda"`` (a GPU run, ``lf memory``) or ``"cpu"`` (a CPU run): the byte rules of both the
+            estimate and the planner (see the module docstring).
 
     Returns:
         A fitting :class:`lf_memory.RecomputePlan` (blocks in graph order: ``model.blocks`` order).
@@ -75,7 +84,7 @@ def plan_family_recompute(cfg, family, plan, dtype_bytes: int, *, pp_rank: int =
     seq = {trunk_component(graph): int(family.seq_len) // plan.cp}  # a cp rank holds 1/cp of the tokens
     # recompute="full": the temporaries then include one re-materialized block, the most any plan holds
     states = estimate_memory(graph, plan, seq=int(family.seq_len), precision=_prec(dtype_bytes),
-                             recompute="full", stage=pp_rank if plan.pp > 1 else None)
+                             recompute="full", stage=pp_rank if plan.pp > 1 else None, kernels=kernels)
     fixed = states.backward_peak - states.activations
     total = int(cfg.memory.budget_gib * 2**30)
     if states.optimizer_peak > total:
@@ -88,7 +97,8 @@ def plan_family_recompute(cfg, family, plan, dtype_bytes: int, *, pp_rank: int =
         graph = _rank_graph(graph, plan, pp_rank)
         in_flight = math.ceil(in_flight_micro_batches(plan.pp_schedule, plan.pp, pp_rank, plan.grad_accum,
                                                       plan.pp_virtual_stages))
-    result = plan_recompute(graph, max(budget, 0), plan.micro_batch, seq, dtype_bytes, in_flight=in_flight)
+    result = plan_recompute(graph, max(budget, 0), plan.micro_batch, seq, dtype_bytes, in_flight=in_flight,
+                            kernels=kernels, stream_db=residual_stream_bytes(plan, dtype_bytes))
     if not result.fits:
         raise ConfigError(f"memory.budget_gib: {cfg.memory.budget_gib} GiB leaves {budget / 2**30:.4f} GiB for "
                          f"activations after {fixed / 2**30:.4f} GiB of weights, gradients, AdamW state, working "
