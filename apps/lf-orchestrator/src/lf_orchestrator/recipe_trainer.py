@@ -151,7 +151,8 @@ class RecipeTrainer:
         if mode == "auto":
             self.recompute_plan = plan_family_recompute(
                 cfg, self.family, self.plan, self.precision.compute_dtype.itemsize,
-                pp_rank=self.mesh.get_local_rank("pp") if self.plan.pp > 1 else 0)
+                pp_rank=self.mesh.get_local_rank("pp") if self.plan.pp > 1 else 0,
+                kernels="cuda" if ctx.device.type == "cuda" else "cpu")  # the bytes this device's kernels save
             self.plan_info["recompute_plan"] = describe_plan(self.recompute_plan)
 
         def recompute(_module: nn.Module) -> None:
