@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _saved_bytes import measure_saved
 from torch._decomp import decompositions
 
 from lf_ir import RMSNormModule, _lower_video  # noqa: F401  (register the DiT lowerings)
@@ -43,23 +44,6 @@ def cuda_route():
     lib._destroy()
 
 
-def _measure(fn, module: torch.nn.Module, shared=()) -> tuple[int, str]:
-    """(unique storage bytes autograd packs during ``fn()``, parameters and ``shared`` excluded; output grad_fn)."""
-    skip = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *shared)}
-    held: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.untyped_storage().data_ptr() not in skip:
-            held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    name = type(out.grad_fn).__name__
-    out.float().sum().backward()
-    return sum(held.values()), name
-
-
 @pytest.mark.parametrize(("dtype", "nbytes"), [(torch.float32, 4), (torch.bfloat16, 2)], ids=["f32", "bf16"])
 def test_rms_norm_module_cuda_route_saves_input_and_rstd(cuda_route, dtype, nbytes):
     """Oracle: saved_tensors_hooks on RMSNormModule (float32 weight, as autocast over float32 master weights) on
@@ -67,7 +51,7 @@ def test_rms_norm_module_cuda_route_saves_input_and_rstd(cuda_route, dtype, nbyt
     keeps the module's bf16 cast of the weight (``D * 2`` bytes, not counted by the rule)."""
     norm = RMSNormModule(D, eps=1e-6)
     x = torch.randn(B, S, D, dtype=dtype, requires_grad=True)
-    measured, grad_fn = _measure(lambda: norm(x), norm)
+    measured, grad_fn = measure_saved(lambda: norm(x), norm, with_grad_fn=True)
     assert grad_fn == "FusedRmsNormBackward0"
     weight_cast = 0 if dtype == torch.float32 else D * nbytes
     input_bytes, rstd_bytes = x.untyped_storage().nbytes(), B * S * torch.finfo(torch.float32).bits // 8
@@ -91,7 +75,7 @@ def test_dit_nodes_cuda_rule_exact(cuda_route, dtype, nbytes):
         with torch.device("meta"):
             module = lower_node(node)
         module = materialize(module, "cpu", 0).to(dtype)
-        measured, _ = _measure(lambda m=module, c=call: c(m), module, (*rope, ctx))
+        measured, _ = measure_saved(lambda m=module, c=call: c(m), module, (*rope, ctx), with_grad_fn=True)
         assert measured == node.saved_bytes(B, seq, nbytes, kernels="cuda"), node.name
         assert measured < node.saved_bytes(B, seq, nbytes), node.name
 

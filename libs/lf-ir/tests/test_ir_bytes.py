@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _saved_bytes import measure_saved
 
 from lf_ir._lower import lower_node, materialize
 from lf_ir._mask import Mask
@@ -30,23 +31,6 @@ from lf_kernels import MaskSpec
 
 B, S, D = 2, 12, 16
 DTYPES = [(torch.float32, 4), (torch.bfloat16, 2)]
-
-
-def measure_saved(fn, module: torch.nn.Module) -> int:
-    """Unique storage bytes packed by autograd during ``fn()``, parameters excluded."""
-    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    held: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            held[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    out.float().sum().backward()  # the graph was complete: backward runs on what was saved
-    return sum(held.values())
 
 
 def _lowered(node, dtype):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 import torch
+from _saved_bytes import measure_saved
 
 from lf_ir import _lower_mm, _lower_vae, _lower_video, flow  # noqa: F401  (register the lowerings)
 from lf_ir._lower import lower_node, materialize
@@ -27,23 +28,6 @@ from lf_ir.recipes import llama3, qwen2_vl, vla, wan_dit, wan_vae
 
 DTYPES = [(torch.float32, 4), (torch.bfloat16, 2)]
 B, S, D = 2, 12, 16
-
-
-def measure_saved(fn, module: torch.nn.Module, shared: tuple[torch.Tensor, ...] = ()) -> int:
-    """Unique storage bytes packed by autograd during ``fn()``; parameters and ``shared`` excluded."""
-    skip = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *shared)}
-    held: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.untyped_storage().data_ptr() not in skip:
-            held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    out = out[0] if isinstance(out, tuple) else out
-    out.float().sum().backward()  # the graph was complete: backward runs on what was saved
-    return sum(held.values())
 
 
 def _lowered(node, dtype):
