@@ -3,7 +3,9 @@
 The model comes from a run config (``model.recipe``, ``model.size``, ``model.overrides``,
 ``train.global_batch``) or from ``--recipe`` / ``--size`` (any recipe of ``lf_ir.recipes``,
 ``wan_dit`` included, whose video size is ``--frames``, ``--height``, ``--width``). The
-cluster is detected on this machine or described with ``--gpus`` and ``--gpu``.
+cluster is detected on this machine or described with ``--gpus`` and ``--gpu``. The cost model's
+rates are this GPU's cached measurement when it is the cluster's model, else the defaults
+(:func:`lf_parallel.calibration_for`); ``--calibrate`` measures them first.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ GpuOpt = Annotated[str, typer.Option(help="GPU model when planning ahead: h200, 
 InterOpt = Annotated[float, typer.Option(help="Network bandwidth between nodes per GPU, Gbit/s.")]
 PrecisionOpt = Annotated[str, typer.Option(help="Compute precision: bf16, fp16 or fp32.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+CalibrateOpt = Annotated[bool, typer.Option("--calibrate", help="Measure this GPU's matmul, attention and copy "
+                                            "rates first (a few seconds) and cache them for later plans.")]
 
 
 def _fail(message: str) -> None:
@@ -179,33 +183,58 @@ def _runnable(cfg, graph, tokens: int):
     return lambda plan: trainer_unsupported(plan, cfg, graph, tokens)
 
 
+def _calibrate() -> None:
+    """``--calibrate``: measure this GPU's rates and cache them (exit 2 without CUDA)."""
+    import torch
+
+    from lf_parallel import calibrate
+
+    if not torch.cuda.is_available():
+        _fail("--calibrate needs a CUDA GPU to measure (none is available here); without it lf plan uses the "
+              "cached rates of this GPU or the defaults")
+    cal = calibrate(save=True)
+    console.print(f"calibrated: {cal.source}: matmul {cal.matmul_tflops:.0f} TFLOP/s, attention "
+                  f"{cal.attention_tflops['causal']:.0f} (causal), copy {cal.copy_tbps:.2f} TB/s", highlight=False)
+
+
 def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt = None, seq: SeqOpt = None,
              frames: FramesOpt = None, height: HeightOpt = None, width: WidthOpt = None,
              global_batch: BatchOpt = None, gpus: GpusOpt = None, gpus_per_node: PerNodeOpt = None,
              gpu: GpuOpt = "h100", inter_node_gbps: InterOpt = 400.0, precision: PrecisionOpt = "bf16",
-             top: Annotated[int, typer.Option(help="Plans to list.")] = 5, as_json: JsonOpt = False):
+             top: Annotated[int, typer.Option(help="Plans to list.")] = 5, as_json: JsonOpt = False,
+             calibrate: CalibrateOpt = False):
     """Rank parallel plans by predicted step time: tokens/s/GPU, MFU, peak memory, and the winner's breakdown.
 
     With a run CONFIG the ranking is the one ``lf run`` (``parallel.plan = "auto"``) picks from: micro-batches
     up to ``parallel.micro_batch`` (:func:`.families._plan.rank_plans`). The breakdown's ``host_launch`` is the
-    time the host spends issuing kernels; it overlaps compute, so a host-bound step holds it instead of compute."""
+    time the host spends issuing kernels; it overlaps compute, so a host-bound step holds it instead of compute.
+
+    The rates come from the calibration cache (``$LF_CACHE_DIR/calibration.json``, default ``~/.cache/lf``) when
+    this machine's GPU is the cluster's model and was measured with this torch, else from the BENCH.md defaults;
+    ``--calibrate`` measures this GPU first (needs CUDA) and caches it. The footer and ``--json``
+    (``calibration``) say which rates were used."""
     from lf_orchestrator.config import ConfigError
     from lf_orchestrator.families._plan import rank_plans
+    from lf_parallel import calibration_for
     from lf_parallel._cluster import ClusterError
     from lf_parallel._search import NoFeasiblePlan, search_plans
 
     if top < 1:
         _fail(f"--top must be >= 1, got {top}")
+    if calibrate:
+        _calibrate()
     try:
         graph, tokens, batch = resolve_model(config, recipe, size, seq, frames, height, width)
         cluster = resolve_cluster(gpus, gpus_per_node, gpu, inter_node_gbps)
         batch = global_batch or batch or cluster.gpus
         run_cfg = load_run_config(config)
+        cal = calibration_for(cluster)
         if run_cfg is not None:
             result = rank_plans(run_cfg, graph, cluster, seq=tokens, precision=precision, global_batch=batch,
-                                top=top)
+                                top=top, calibration=cal)
         else:
-            result = search_plans(graph, cluster, global_batch=batch, seq=tokens, precision=precision, top=top)
+            result = search_plans(graph, cluster, global_batch=batch, seq=tokens, precision=precision, top=top,
+                                  calibration=cal)
         runnable = _runnable(run_cfg, graph, tokens)
     except NoFeasiblePlan as err:
         _fail(f"{graph.name} on {cluster.describe()}, global batch {batch}: {err}")
@@ -217,7 +246,7 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
             row["lf_run"] = runnable(cand.plan) or "yes"
     if as_json:
         print(json.dumps({"model": graph.name, "tokens_per_sample": tokens, "global_batch": batch,
-                          "cluster": cluster.describe(), "considered": result.considered,
+                          "cluster": cluster.describe(), "calibration": cal.source, "considered": result.considered,
                           "over_memory": result.over_memory, "seconds": result.seconds, "plans": rows}))
         return
     out = make_console()
@@ -233,4 +262,4 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
     best = rows[0]["breakdown_s"]
     out.print("winner, seconds per step: " + ", ".join(f"{k} {v:.3f}" for k, v in best.items()), highlight=False)
     out.print(f"{result.considered:,} plans considered, {result.over_memory:,} over memory, "
-              f"{result.seconds:.1f} s", highlight=False)
+              f"{result.seconds:.1f} s; rates: {cal.source}", highlight=False)

@@ -12,12 +12,20 @@
   context parallelism that runs on CPU (gloo) and supports the IR's mask kinds.
 - :func:`search_plans` / :func:`step_cost` / :func:`make_cluster`: the auto-tuner's
   cluster description, cost model (compute, alpha-beta communication, bubbles, memory)
-  and ranked search over plans (``lf plan``).
+  and ranked search over plans (``lf plan``); :func:`calibrate` / :func:`calibration_for`: rates measured on
+  the local GPU, cached, and used for clusters of that GPU model.
 - :func:`save_checkpoint` / :func:`load_checkpoint`: atomic DCP checkpoints that load
   under another plan.
 """
 
-from lf_parallel._calibrate import Calibration, calibrate, default_calibration, load_calibration, save_calibration
+from lf_parallel._calibrate import (
+    Calibration,
+    calibrate,
+    calibration_for,
+    default_calibration,
+    load_calibration,
+    save_calibration,
+)
 from lf_parallel._checkpoint import (
     MARKER,
     PendingCheckpoint,
@@ -61,7 +69,7 @@ from lf_parallel._tensor_parallel import apply_tensor_parallel, loss_parallel_co
 from lf_parallel._ulysses import check_ulysses_heads, head_to_seq, seq_to_head, ulysses_attention
 from lf_parallel._zero import apply_zero, build_optimizer, mixed_precision_policy, tensor_kind_groups
 
-__version__ = "0.5.0"
+__version__ = "0.5.1"
 
 __all__ = [
     "MultimodalStageModule", "build_multimodal_pipeline",
@@ -70,9 +78,9 @@ __all__ = [
     "Plan", "PlanError", "SCHEDULES", "SIDE_KWARGS", "SearchResult", "StageSpec", "StepCost", "apply_context_parallel",
     "apply_data_parallel", "apply_tensor_parallel", "apply_zero", "async_save_checkpoint", "balanced_partition",
     "bubble_fraction", "bubble_micro_batches", "build_mesh", "build_optimizer", "build_pipeline",
-    "build_stage_module", "calibrate", "check_plan", "check_ulysses_heads", "checkpoint_extra", "choose_plan",
-    "collective_time", "context_attention", "default_calibration", "detect_cluster", "dp_mesh", "flat_dp_group",
-    "gather_sequence", "global_sum", "gpu_spec", "head_to_seq", "init_distributed", "is_complete",
+    "build_stage_module", "calibrate", "calibration_for", "check_plan", "check_ulysses_heads", "checkpoint_extra",
+    "choose_plan", "collective_time", "context_attention", "default_calibration", "detect_cluster", "dp_mesh",
+    "flat_dp_group", "gather_sequence", "global_sum", "gpu_spec", "head_to_seq", "init_distributed", "is_complete",
     "latest_checkpoint", "load_calibration", "load_checkpoint", "loss_parallel_context", "make_cluster",
     "mesh_shape", "mixed_precision_policy", "parallelize", "parse_plan", "pipeline_step", "read_full_tensors",
     "resolve_device", "ring_attention", "save_calibration", "save_checkpoint", "search_plans", "seq_to_head",

@@ -6,7 +6,9 @@ other masks, all on the FLOPs the mask keeps; device copy 4.23 TB/s read + write
 NCCL all-reduce 292 GB/s bus bandwidth) as fractions of the H200's datasheet peaks,
 applied to any catalogue GPU. :func:`calibrate` measures the same four things on
 the local GPU in a few seconds and caches them as JSON per device name and torch
-version (``~/.cache/lf/calibration.json``, or ``LF_CACHE_DIR``).
+version (``~/.cache/lf/calibration.json``, or ``LF_CACHE_DIR``). :func:`calibration_for` gives a cluster
+the cached entry when this machine's GPU is the cluster's model (``lf plan`` and ``lf run``'s auto plan use it;
+``lf plan --calibrate`` measures first).
 
 Collectives inside a node (:class:`CommCalibration`) are measured in a process group
 by :func:`lf_parallel._calibrate_comm.measure_collectives` and merged into
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import msgspec
 
-from lf_parallel._cluster import GPUSpec
+from lf_parallel._cluster import Cluster, ClusterError, GPUSpec, _match_device
 
 _H200_PEAK, _H200_HBM = 989.4, 4.8
 
@@ -153,6 +155,35 @@ def load_calibration(gpu: GPUSpec, device_name: str | None = None, path: Path | 
             if data.get(key) is not None:
                 return msgspec.convert(data[key], Calibration)
     return default_calibration(gpu)
+
+
+def calibration_for(cluster: Cluster, *, device_name: str | None = None, path: Path | None = None) -> Calibration:
+    """The rates to plan ``cluster`` with: this machine's cached measurement when its GPU is the cluster's model.
+
+    ``device_name`` (default: ``torch.cuda.get_device_name(0)`` when CUDA is available) is mapped to a catalogue
+    GPU as :func:`lf_parallel.detect_cluster` maps it; when that is ``cluster.gpu`` and :func:`load_calibration`
+    finds an entry (one with collectives measured on a node of ``cluster.gpus_per_node`` GPUs preferred), it is
+    returned. Otherwise (no CUDA, a GPU outside the catalogue, planning ahead for another model, nothing cached)
+    :func:`default_calibration` of ``cluster.gpu``: an H200's measurement never prices an A100 plan.
+
+    Example::
+
+        cal = calibration_for(make_cluster(gpus=8, gpu="h200"), device_name="NVIDIA H200")
+        print(cal.source)  # "defaults" until calibrate() has run on an H200 with this torch
+    """
+    if device_name is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return default_calibration(cluster.gpu)
+        device_name = torch.cuda.get_device_name(0)
+    try:
+        local = _match_device(device_name)
+    except ClusterError:
+        return default_calibration(cluster.gpu)
+    if local.name != cluster.gpu.name:
+        return default_calibration(cluster.gpu)
+    return load_calibration(cluster.gpu, device_name, path, gpus_per_node=cluster.gpus_per_node)
 
 
 def save_calibration(cal: Calibration, device_name: str, path: Path | None = None) -> Path:

@@ -3,7 +3,9 @@
 ``auto`` runs lf-parallel's :func:`search_plans` on the detected cluster (CUDA), or,
 on a CPU job, on a nominal cluster of ``world_size`` H100s: the cost model needs a
 GPU, so on the CPU the ranking only orders the plans, its times are not CPU times
-(logged as such). The recipe trainer runs data parallel, ZeRO 0-3 and tensor (+
+(logged as such). Its rates are :func:`lf_parallel.calibration_for`'s: this GPU's cached
+measurement (``lf plan --calibrate``) when it is the cluster's model, else the defaults
+(``calibration`` in ``plan.json`` says which). The recipe trainer runs data parallel, ZeRO 0-3 and tensor (+
 sequence) parallel plans, pipeline parallel (``pp > 1``, any schedule, with tp / sp /
 dp / ZeRO) for the llm family (llama3), and context parallel (``cp > 1``, ring or Ulysses,
 ``parallel.cp_kind``, with dp / ZeRO) for the video and llm families
@@ -108,18 +110,21 @@ def manual_plan(cfg, *, precision: str = "fp32") -> Plan:
 
 
 def rank_plans(cfg, graph, cluster, *, seq: int, precision: str, global_batch: int | None = None,
-               top: int = 1 << 30):
+               top: int = 1 << 30, calibration=None):
     """lf-parallel's :func:`search_plans` ranking for a run config: ``train.global_batch`` samples per step
     (``global_batch`` overrides it) and micro-batches up to ``parallel.micro_batch``, the cap of
-    ``parallel.plan = "auto"``. ``lf plan CONFIG`` and ``lf run`` rank with this one call.
+    ``parallel.plan = "auto"``. ``lf plan CONFIG`` and ``lf run`` rank with this one call, at ``calibration``'s
+    rates (default :func:`lf_parallel.calibration_for`: this GPU's cached measurement when it is the cluster's
+    model, else the defaults).
 
     Raises:
         NoFeasiblePlan: nothing fits or divides (the message says what).
     """
-    from lf_parallel import search_plans
+    from lf_parallel import calibration_for, search_plans
 
     return search_plans(graph, cluster, global_batch=global_batch or cfg.train.global_batch, seq=seq,
-                        precision=precision, top=top, max_micro_batch=cfg.parallel.micro_batch)
+                        precision=precision, top=top, max_micro_batch=cfg.parallel.micro_batch,
+                        calibration=calibration or calibration_for(cluster))
 
 
 def resolve_plan(cfg, graph, *, world_size: int, device_type: str, seq: int, precision: str
@@ -182,8 +187,11 @@ def auto_plan(cfg, graph, cluster, *, world_size: int, seq: int, precision: str,
     Raises:
         PlanError: the chosen plan fails :func:`check_plan` for ``world_size`` processes.
     """
+    from lf_parallel import calibration_for
+
     t = cfg.train
-    result = rank_plans(cfg, graph, cluster, seq=seq, precision=precision)
+    cal = calibration_for(cluster)
+    result = rank_plans(cfg, graph, cluster, seq=seq, precision=precision, calibration=cal)
     skipped: list[dict] = []
     best = None
     for cand in result.ranked:
@@ -194,8 +202,8 @@ def auto_plan(cfg, graph, cluster, *, world_size: int, seq: int, precision: str,
         if len(skipped) < SKIPPED_LISTED:
             skipped.append({"plan": cand.plan.describe(), "recompute": cand.recompute,
                             "predicted_step_s": cand.cost.step_s, "why": why})
-    info = {"cluster": cluster.describe(), "nominal_cluster": nominal, "considered": result.considered,
-            "skipped": skipped}
+    info = {"cluster": cluster.describe(), "nominal_cluster": nominal, "calibration": cal.source,
+            "considered": result.considered, "skipped": skipped}
     if best is None:  # nothing the search ranked runs here: fall back to data parallel
         plan = choose_plan(world_size=world_size, global_batch=t.global_batch, max_micro_batch=cfg.parallel.micro_batch)
         return plan, {"source": "auto (fallback: data parallel)", **info}
