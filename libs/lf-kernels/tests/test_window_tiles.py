@@ -46,11 +46,18 @@ def test_block_counts_match_brute_force(grid, window, causal_t):
     assert order.raster_blocks == _raster_blocks(spec)
     tile = order.tile or (1, 16, 8)
     mask = tiled_mask(spec, tile)
-    from lf_kernels._window_tiles import _kept_blocks, _radii, _tile_boxes
+    from lf_kernels._window_tiles import _kept_tile_blocks, _radii
 
-    assert _blocks(mask) == _kept_blocks(_tile_boxes(grid, tile), _radii(spec), causal_t)
+    assert _blocks(mask) == _kept_tile_blocks(grid, tile, _radii(spec), causal_t)
     if order.tile is not None:
         assert order.blocks == _blocks(mask) <= 0.85 * order.raster_blocks
+
+
+def test_wan_720p_keeps_raster():
+    """Oracle: the brute-force-checked counts above; at Wan 720p latents (21 x 45 x 80, 75,600 tokens) no tile keeps
+    15% fewer blocks than the raster order, so the order stays raster (the dispatcher keeps ``flex``)."""
+    order = tile_order(MaskSpec("window_3d", grid=(21, 45, 80), window=(3, 9, 9)))
+    assert order.tile is None and order.blocks == order.raster_blocks == 11599
 
 
 def test_wan_480p_order():
@@ -123,5 +130,9 @@ def test_refusals():
         attention_window_tiles(q, q, q, small, 1.0, tile=(1, 4, 4))
     with pytest.raises(ValueError, match="240 tokens"):
         attention_window_tiles(q[:, :, :200], q, q, small, 1.0, tile=(1, 4, 4), kernel="math")
+    with pytest.raises(ValueError, match="q, k and v of 240 tokens"):
+        attention_window_tiles(q, q, q[:, :, :200], small, 1.0, tile=(1, 4, 4), kernel="math")
+    with pytest.raises(ValueError, match="needs a window_3d MaskSpec"):
+        attention_window_tiles(q, q, q, MaskSpec("causal"), 1.0, tile=(1, 4, 4), kernel="math")
     with pytest.raises(ValueError, match="window_3d"):
         tile_order(MaskSpec("causal"))

@@ -260,6 +260,7 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
                       f"{100 * r['mfu']:.1f}%", f"{r['peak_gib']:.1f}", *([r["lf_run"]] if runnable else []))
     out.print(table)
     best = rows[0]["breakdown_s"]
-    out.print("winner, seconds per step: " + ", ".join(f"{k} {v:.3f}" for k, v in best.items()), highlight=False)
+    out.print("winner, seconds per step: " + ", ".join(f"{k} {v:.3f}" for k, v in best.items())
+              + " (host_launch overlaps compute + recompute: the step holds the larger)", highlight=False)
     out.print(f"{result.considered:,} plans considered, {result.over_memory:,} over memory, "
               f"{result.seconds:.1f} s; rates: {cal.source}", highlight=False)

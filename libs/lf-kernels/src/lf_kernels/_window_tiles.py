@@ -12,9 +12,12 @@ keeps 2,257 blocks (5.4x the kept entries, 6.7% padding slots).
 
 Which order: :func:`tile_order` counts the kept blocks of every candidate tile exactly (a block is
 one box, clipped to the grid; two boxes share a kept pair iff their per-axis distances are within
-the radii, the axes being independent) and of the raster order (a block of 128 consecutive raster
-positions is a union of at most five boxes), and takes a tile only when it keeps at most
-:data:`MIN_GAIN` of the raster blocks, which pays for the reordering copies.
+the radii, the axes being independent, so a tile layout's count is a product over the axes) and of
+the raster order (a block of 128 consecutive raster positions is a union of at most five boxes,
+compared pairwise in chunks of query blocks), and takes a tile only when it keeps at most
+:data:`MIN_GAIN` of the raster blocks, which pays for the reordering copies. The gain depends on the
+grid: at Wan 480p the 30 rows pad to 32 and a 1 x 32 x 4 tile spans whole columns; at 720p
+(21 x 45 x 80) no tile beats the raster order and the dispatcher keeps ``flex``.
 
 The call (:func:`attention_window_tiles`): q, k, v are gathered into tile order (padding slots read
 token 0), the kernel runs on the padded sequence with the mask in tile coordinates (padding keys
@@ -96,18 +99,29 @@ def _raster_boxes(grid: tuple[int, int, int]) -> torch.Tensor:
     return out
 
 
-def _tile_boxes(grid: tuple[int, int, int], tile: tuple[int, int, int]) -> torch.Tensor:
-    """``(tiles, 1, 6)`` boxes of the tiles (clipped to the grid), tile-major order."""
-    axes = [torch.arange(0, n, s) for n, s in zip(grid, tile, strict=True)]
-    t0, h0, w0 = torch.meshgrid(*axes, indexing="ij")
-    lo = [x.reshape(-1) for x in (t0, h0, w0)]
-    hi = [torch.clamp(x + s - 1, max=n - 1) for x, s, n in zip(lo, tile, grid, strict=True)]
-    return torch.stack([lo[0], hi[0], lo[1], hi[1], lo[2], hi[2]], dim=-1)[:, None, :]
+def _kept_tile_blocks(grid: tuple[int, int, int], tile: tuple[int, int, int], radii: tuple[int, int, int],
+                      causal_t: bool) -> int:
+    """Kept (query tile, key tile) pairs of a tile layout, per axis: the tiles form a product grid and the rule is a
+    conjunction of per-axis rules, so the count is the product of each axis's interval pairs within its radius."""
+    total = 1
+    for axis, (n, size, r) in enumerate(zip(grid, tile, radii, strict=True)):
+        lo = torch.arange(0, n, size)
+        hi = torch.clamp(lo + size - 1, max=n - 1)
+        qa, qb, ka, kb = lo[:, None], hi[:, None], lo[None, :], hi[None, :]
+        near = (ka <= qb) & (qa - kb <= r) if axis == 0 and causal_t else (ka - qb <= r) & (qa - kb <= r)
+        total *= int(near.sum())
+    return total
 
 
-def _kept_blocks(boxes: torch.Tensor, radii: tuple[int, int, int], causal_t: bool) -> int:
-    """Query / key block pairs with at least one kept pair; ``boxes`` ``(blocks, m, 6)``, query = key blocks."""
-    q, k = boxes[:, None, :, None, :], boxes[None, :, None, :, :]
+def _kept_blocks(boxes: torch.Tensor, radii: tuple[int, int, int], causal_t: bool, chunk: int = 64) -> int:
+    """Query / key block pairs with at least one kept pair; ``boxes`` ``(blocks, m, 6)``, query = key blocks.
+
+    Query blocks go ``chunk`` at a time, so memory stays ``O(chunk * blocks * m^2)``."""
+    return sum(_kept_rows(boxes[i:i + chunk], boxes, radii, causal_t) for i in range(0, boxes.shape[0], chunk))
+
+
+def _kept_rows(q_boxes: torch.Tensor, boxes: torch.Tensor, radii: tuple[int, int, int], causal_t: bool) -> int:
+    q, k = q_boxes[:, None, :, None, :], boxes[None, :, None, :, :]
     ok = torch.ones(q.shape[0], k.shape[1], q.shape[2], k.shape[3], dtype=torch.bool)
     for axis, r in enumerate(radii):
         qa, qb, ka, kb = q[..., 2 * axis], q[..., 2 * axis + 1], k[..., 2 * axis], k[..., 2 * axis + 1]
@@ -139,7 +153,7 @@ def tile_order(spec: MaskSpec) -> TileOrder:
     for tile in _candidates():
         if any(s > 2 * n for s, n in zip(tile, grid, strict=True)):
             continue  # more than half a tile of padding along an axis
-        blocks = _kept_blocks(_tile_boxes(grid, tile), radii, spec.causal_t)
+        blocks = _kept_tile_blocks(grid, tile, radii, spec.causal_t)
         if best is None or blocks < best[0]:
             best = (blocks, tile)
     if best is None or best[0] > MIN_GAIN * raster:
@@ -229,13 +243,16 @@ def attention_window_tiles(
             math path; any device, the CPU check of the layout).
 
     Returns:
-        ``(out (b, hq, s, d) in q.dtype, lse (b, hq, s) float32)``, the same values as dense ``window_3d``
-        attention up to rounding.
+        ``(out (b, hq, s, d_v) in q.dtype, lse (b, hq, s))``, lse float32 (float64 for float64 inputs with the
+        ``"math"`` kernel), the same values as dense ``window_3d`` attention up to rounding.
 
     Raises:
-        ValueError: no ``tile`` given and :func:`tile_order` keeps the raster order, a ``"flex"`` tile that is
-            not :data:`BLOCK` tokens, or ``s`` not the grid's token count.
+        ValueError: ``spec`` not a ``window_3d`` mask; no ``tile`` given and :func:`tile_order` keeps the
+            raster order; a ``"flex"`` tile that is not :data:`BLOCK` tokens; q, k or v not of the grid's
+            token count.
     """
+    if spec.kind != "window_3d":
+        raise ValueError(f"attention_window_tiles needs a window_3d MaskSpec, got kind={spec.kind!r}")
     if tile is None:
         order = tile_order(spec)
         if order.tile is None:
@@ -244,9 +261,9 @@ def attention_window_tiles(
     if kernel == "flex" and tile[0] * tile[1] * tile[2] != BLOCK:
         raise ValueError(f"a flex tile must hold {BLOCK} tokens, got {tile}")
     tokens = spec.grid[0] * spec.grid[1] * spec.grid[2]
-    if q.shape[2] != tokens or k.shape[2] != tokens:
-        raise ValueError(f"window_3d tiles need q and k of {tokens} tokens (grid {spec.grid}), "
-                         f"got {q.shape[2]} and {k.shape[2]}")
+    if q.shape[2] != tokens or k.shape[2] != tokens or v.shape[2] != tokens:
+        raise ValueError(f"window_3d tiles need q, k and v of {tokens} tokens (grid {spec.grid}), "
+                         f"got {q.shape[2]}, {k.shape[2]} and {v.shape[2]}")
     gather, scatter, coords = _layout(spec, tile, str(q.device))
     qt, kt, vt = (_Gather.apply(x, gather, scatter) for x in (q, k, v))
     if kernel == "flex":

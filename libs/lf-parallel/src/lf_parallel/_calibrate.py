@@ -102,7 +102,8 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     (:mod:`lf_parallel._host_cost`). Fitted together with the two below (grid search, smallest largest |error|)
     to the eight Qwen2-VL 8 + 7 layers rows on one H200 (``bench/results/autotune_qwen2_vl_h200.json``: micro-batch
     1 / 2 x recompute none / selective / full; ``step_anatomy_qwen_h200.json``: none, fused ops off), the
-    host-bound model of the committed data; errors then -13% to +10% (were -18% to -64%). GPU-bound Llama-3 and
+    host-bound model, as first committed (its sweep ran before lf-memory 0.4.4 and a gc fix); errors then -13% to
+    +10% (were -18% to -64%); on the sweep re-measured afterwards -8.1% to +15.0%. GPU-bound Llama-3 and
     Wan2.1 rows do not move (their launches take 8% of the GPU time). ``scripts/host_cost_check.py`` prints it."""
     host_us_per_backward_launch: float = 30.0
     """Host time per kernel launch of the backward pass (the C++ autograd engine), microseconds. Fitted
