@@ -34,6 +34,7 @@ import math
 import statistics
 import time
 import traceback
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
@@ -188,10 +189,8 @@ def main(argv=None) -> None:
               "recompute": "full (both)", "precision": "float32 master weights, bf16 autocast, fused AdamW",
               "flops_per_step": flops, "warmup": args.warmup, "steps": args.steps, "runs": {}}
     try:
-        from importlib.metadata import version
-
         result["diffusers_version"] = version("diffusers")
-    except Exception:  # not installed: the diffusers run records the error
+    except PackageNotFoundError:  # not installed: the diffusers run records the error
         result["diffusers_version"] = None
     for name, build in (("lf", _lf), ("lf_fused", functools.partial(_lf, fused=True)), ("diffusers", _peer)):
         try:
