@@ -31,6 +31,23 @@ def _block_d(hidden: int) -> int:
     return min(_MAX_BLOCK_D, div) if div >= 128 else min(_MAX_BLOCK_D, next_pow2(hidden))
 
 
+_MAX_GRID_YZ = 65535  # CUDA's limit on grid axes 1 and 2
+
+
+def _bg_axis(bg: int, max_tiles: int) -> int:
+    """Grid axis of the forward's ``bg`` (batch x groups) programs: 1 while they fit CUDA's 65,535 limit there,
+    else 0, the ``max_tiles`` (token x feature blocks at one token a block) going to axis 1.
+
+    Raises:
+        ValueError: both counts above 65,535 (over 4e9 tiles of at least 128 features: no tensor in memory).
+    """
+    if bg <= _MAX_GRID_YZ:
+        return 1
+    if max_tiles <= _MAX_GRID_YZ:
+        return 0
+    raise ValueError(f"modulate: {bg} (batch x groups) by {max_tiles} tiles exceeds CUDA's grid limits")
+
+
 def _batch_stride(t_bgd: torch.Tensor) -> int:
     return t_bgd.stride(0) if t_bgd.shape[0] > 1 else 0
 
@@ -47,12 +64,29 @@ class _ModulateFn(torch.autograd.Function):
         block_d = _block_d(hidden)
         d_blocks = cdiv(hidden, block_d)
         bg = batch * groups
-        if x_btd.numel():
-            kernels("modulate").modulate_fwd(block_d, tpg < _FEW_TOKENS)[
-                lambda meta: (bg * cdiv(tpg, meta["BLOCK_R"]) * d_blocks,)](
-                x_btd, shift_bgd, scale_bgd, y_btd, groups, tpg, hidden, d_blocks,
+        if x_btd.numel() and groups == 1:  # one row per sample: inductor's 1-D layout
+            per_sample = tokens * hidden
+            bg_axis = _bg_axis(batch, cdiv(per_sample, 128))  # 128: the smallest BLOCK
+
+            def grid(meta):
+                blocks = cdiv(per_sample, meta["BLOCK"])
+                return (blocks, batch) if bg_axis == 1 else (batch, blocks)
+
+            kernels("modulate").modulate_fwd_flat()[grid](
+                x_btd, shift_bgd, scale_bgd, y_btd, per_sample, _batch_stride(shift_bgd), _batch_stride(scale_bgd),
+                HIDDEN=hidden, BG_AXIS=bg_axis, WIDE=per_sample >= 2**31,
+            )
+        elif x_btd.numel():
+            bg_axis = _bg_axis(bg, tpg * d_blocks)
+
+            def grid(meta):
+                tiles = cdiv(tpg, meta["BLOCK_R"]) * d_blocks
+                return (tiles, bg) if bg_axis == 1 else (bg, tiles)
+
+            kernels("modulate").modulate_fwd(block_d, tpg < _FEW_TOKENS)[grid](
+                x_btd, shift_bgd, scale_bgd, y_btd, groups, tpg, hidden,
                 _batch_stride(shift_bgd), shift_bgd.stride(1), _batch_stride(scale_bgd), scale_bgd.stride(1),
-                BLOCK_D=block_d,
+                BLOCK_D=block_d, D_BLOCKS=d_blocks, BG_AXIS=bg_axis,
             )
         ctx.save_for_backward(x_btd, scale_bgd)
         ctx.shift_meta = (shift.shape, shift.dtype, scale.shape, scale.dtype)

@@ -26,7 +26,8 @@ def _col_block(f: int) -> int:
 def _launch(kernel, n: int, f: int, *args) -> None:
     block = _col_block(f)
     col_blocks = cdiv(f, block)
-    kernel(block)[lambda meta: (cdiv(n, meta["BLOCK_R"]) * col_blocks,)](*args, n, f, col_blocks, BLOCK_D=block)
+    kernel(block)[lambda meta: (cdiv(n, meta["BLOCK_R"]) * col_blocks,)](*args, n, f, COL_BLOCKS=col_blocks,
+                                                                           BLOCK_D=block)
 
 
 class _SwiGLUFn(torch.autograd.Function):

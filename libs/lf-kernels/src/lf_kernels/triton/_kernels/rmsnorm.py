@@ -27,26 +27,46 @@ from .tuning import autotuned, bwd_configs, row_configs
 
 
 @triton.jit
+def _fwd_load(PTR, offs, mask, EVEN: tl.constexpr):
+    if EVEN:
+        return tl.load(PTR + offs).to(tl.float32)
+    return tl.load(PTR + offs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _fwd_store(PTR, offs, value, mask, EVEN: tl.constexpr):
+    if EVEN:
+        tl.store(PTR + offs, value.to(PTR.dtype.element_ty))
+    else:
+        tl.store(PTR + offs, value.to(PTR.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _rms_norm_fwd(X, R, W, Y, H, RSTD, stride_x, stride_r, stride_y, stride_h, n_rows, n_cols, eps,
-                  HAS_RES: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+                  HAS_RES: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, EVEN: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
     r_mask = rows < n_rows
     c_mask = cols < n_cols
-    mask = r_mask[:, None] & c_mask[None, :]
-    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
-                eviction_policy="evict_first").to(tl.float32)
+    mask = r_mask[:, None] & c_mask[None, :]  # unused when EVEN (the tiles divide (n_rows, n_cols))
+    # Default cache policy on x / residual: with evict_first the forward took 69.5 / 99.4 us at best (rms_norm +
+    # residual, the LLM / DiT shapes of bench/results/fwd_sweep_h200.json), without it 66.5 / 97.3 (torch.compile
+    # 68.6 / 100.6).
+    x = _fwd_load(X, rows[:, None] * stride_x + cols[None, :], mask, EVEN)
     if HAS_RES:
-        x += tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0,
-                     eviction_policy="evict_first").to(tl.float32)
+        x += _fwd_load(R, rows[:, None] * stride_r + cols[None, :], mask, EVEN)
         h = x.to(H.dtype.element_ty)
-        tl.store(H + rows[:, None] * stride_h + cols[None, :], h, mask=mask)
+        _fwd_store(H, rows[:, None] * stride_h + cols[None, :], h, mask, EVEN)
         x = h.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
-    w = tl.load(W + cols, mask=c_mask, other=0.0).to(tl.float32)
-    y = x * rstd[:, None] * w[None, :]
-    tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
-    tl.store(RSTD + rows, rstd, mask=r_mask)
+    w = _fwd_load(W, cols, c_mask, EVEN)
+    _fwd_store(Y, rows[:, None] * stride_y + cols[None, :], x * rstd[:, None] * w[None, :], mask, EVEN)
+    _fwd_store(RSTD, rows, rstd, r_mask, EVEN)
+
+
+def _even_fwd(args) -> bool:
+    """Whether the forward's ``(BLOCK_R, BLOCK_D)`` tiles divide ``(n_rows, n_cols)`` (no masks)."""
+    return args["n_rows"] % args["BLOCK_R"] == 0 and args["n_cols"] == args["BLOCK_D"]
 
 
 @triton.jit
@@ -116,7 +136,12 @@ def _rms_norm_bwd(DY, H, W, RSTD, DRES, DH, DW_PART, stride_dy, stride_h, stride
 @functools.cache
 def rms_norm_fwd(block_d: int):
     """The forward kernel tuned for feature block ``block_d``; grid ``(cdiv(n_rows, BLOCK_R),)``."""
-    return autotuned(_rms_norm_fwd, row_configs(block_d, regs_per_elem=2.5), key=["n_cols", "HAS_RES"])
+    # 16-32 elements a thread, 4 or 8 warps: the configs within 2% of the best at both bench shapes of
+    # bench/results/fwd_sweep_h200.json (after the cache-policy change). With 8 a thread or 16 warps some ran
+    # up to 46% slower (rms_norm at 32,760 x 1,536: up to 69.5 us against 47.7), and the tuner picked one of them in
+    # a run of bench/kernels/fused_ops.py (59.6 us).
+    configs = row_configs(block_d, warps=(4, 8), min_elems=16, regs_per_elem=2.5)
+    return autotuned(triton.heuristics({"EVEN": _even_fwd})(_rms_norm_fwd), configs, key=["n_cols", "HAS_RES"])
 
 
 @functools.cache

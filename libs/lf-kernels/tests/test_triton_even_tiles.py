@@ -1,0 +1,94 @@
+"""The unmasked (``EVEN``) paths of the rms_norm, swiglu and modulate kernels against the float64 reference.
+
+Oracle: ``lf_kernels._fused_reference`` in float64 (``_fused_check.check``: outputs and input gradients of
+float32 copies, 2e-5). The shapes are chosen so that every tile the tuner can pick divides them (rows a multiple
+of 32, a hidden size equal to its feature block), which is when the kernels drop their masks; the other test
+files use odd sizes, which keep them. Interpreter on the CPU, compiled on a GPU.
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from _fused_check import check, leaves  # noqa: E402
+
+from lf_kernels._fused_reference import modulate_reference, rms_norm_reference, swiglu_reference  # noqa: E402
+from lf_kernels.triton._dispatch import kernels  # noqa: E402
+from lf_kernels.triton._modulate import _block_d, modulate  # noqa: E402
+from lf_kernels.triton._rmsnorm import rms_norm  # noqa: E402
+from lf_kernels.triton._swiglu import _col_block, swiglu  # noqa: E402
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_even_tiles(with_residual):
+    gen = torch.Generator().manual_seed(11 + with_residual)
+    x, weight, residual = leaves(gen, (2, 32, 128), (128,), (2, 32, 128))
+    if with_residual:
+        check(lambda a, w, r: rms_norm(a, w, 1e-5, residual=r),
+              lambda a, w, r: rms_norm_reference(a, w, 1e-5, r), [x, weight, residual], seed=1)
+    else:
+        check(lambda a, w: rms_norm(a, w, 1e-5), lambda a, w: rms_norm_reference(a, w, 1e-5), [x, weight], seed=2)
+
+
+def test_swiglu_even_tiles():
+    gen = torch.Generator().manual_seed(12)
+    gate, up = leaves(gen, (64, 256), (64, 256), scale=2.0)
+    assert _col_block(256) == 256
+    check(swiglu, swiglu_reference, [gate, up], seed=3)
+
+
+@pytest.mark.parametrize("mod_shape", [(2, 1, 256), (2, 4, 256), (1, 256)], ids=str)
+def test_modulate_even_tiles(mod_shape):
+    """Per sample (64 tokens a group), per frame (4 groups of 16 tokens), and broadcast over the batch."""
+    gen = torch.Generator().manual_seed(13 + len(mod_shape) + mod_shape[0])
+    x, shift, scale = leaves(gen, (2, 64, 256), mod_shape, mod_shape)
+    assert _block_d(256) == 256
+    check(modulate, modulate_reference, [x, shift, scale], seed=4)
+
+
+def test_even_heuristics():
+    """Oracle: divisibility by hand; any remainder (rows or features) keeps the masks."""
+    mod, sw, rms = kernels("modulate"), kernels("swiglu"), kernels("rmsnorm")
+    assert mod._even_fwd({"tokens_per_group": 64, "BLOCK_R": 16, "hidden": 1536, "BLOCK_D": 512})
+    assert not mod._even_fwd({"tokens_per_group": 65, "BLOCK_R": 1 << 4, "hidden": 1536, "BLOCK_D": 512})
+    assert not mod._even_fwd({"tokens_per_group": 64, "BLOCK_R": 16, "hidden": 130, "BLOCK_D": 256})
+    assert sw._even({"n_rows": 8192, "BLOCK_R": 32, "n_cols": 14336, "BLOCK_D": 1024})
+    assert not sw._even({"n_rows": 8190, "BLOCK_R": 4, "n_cols": 14336, "BLOCK_D": 1024})
+    assert not sw._even({"n_rows": 8192, "BLOCK_R": 4, "n_cols": 11000, "BLOCK_D": 1024})
+    assert rms._even_fwd({"n_rows": 32760, "BLOCK_R": 8, "n_cols": 4096, "BLOCK_D": 4096})
+    assert not rms._even_fwd({"n_rows": 32760, "BLOCK_R": 16, "n_cols": 4096, "BLOCK_D": 4096})
+    assert not rms._even_fwd({"n_rows": 32, "BLOCK_R": 8, "n_cols": 1536, "BLOCK_D": 2048})
+
+
+@pytest.mark.parametrize(("limit", "x_shape", "mod_shape"), [
+    (4, (2, 16, 96), (2, 4, 96)),  # per frame: 8 groups > 4, 4 tiles of one token
+    (4, (2, 18, 130), (2, 18, 130)),  # per token: 36 groups > 4
+    (1, (2, 1, 96), (2, 96)),  # per sample (the 1-D kernel): 2 samples > 1, one block each
+], ids=["per_frame", "per_token", "per_sample"])
+def test_modulate_groups_on_grid_axis_0(monkeypatch, limit, x_shape, mod_shape):
+    """Oracle: float64 reference; with the axis-1 limit lowered, the groups (or samples) go on grid axis 0, the
+    path of per-token modulation of a large batch."""
+    from lf_kernels.triton import _modulate as host
+
+    monkeypatch.setattr(host, "_MAX_GRID_YZ", limit)
+    batch, tokens, hidden = x_shape
+    groups = 1 if len(mod_shape) == 2 else mod_shape[1]
+    assert host._bg_axis(batch * groups, max(1, tokens // groups) * -(-hidden // 128)) == 0
+    gen = torch.Generator().manual_seed(14 + limit + groups)
+    x, shift, scale = leaves(gen, x_shape, mod_shape, mod_shape)
+    check(modulate, modulate_reference, [x, shift, scale], seed=5)
+
+
+def test_modulate_grid_axis_choice():
+    """Oracle: CUDA's 65,535 limit on grid axis 1, by hand."""
+    from lf_kernels.triton._modulate import _bg_axis
+
+    assert _bg_axis(65535, 10**6) == 1
+    assert _bg_axis(65536, 65535) == 0
+    with pytest.raises(ValueError, match="exceeds CUDA's grid limits"):
+        _bg_axis(65536, 65536)
