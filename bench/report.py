@@ -92,9 +92,37 @@ def _fused_ops(d: dict) -> list[str]:
     lines += ["", f"Fused linear cross-entropy, {ce['tokens']} tokens, hidden {ce['hidden']}, vocab {ce['vocab']:,}:",
               ""]
     keys = [k for k, v in ce.items() if isinstance(v, dict) and "fwd_bwd_ms" in v]
-    lines += _table(["", "fwd+bwd ms", "extra peak GiB"],
-                    [[k, f"{ce[k]['fwd_bwd_ms']:.1f}", f"{ce[k]['peak_extra_GiB']:.2f}"] for k in keys])
+    peers = [p for p in ("eager", "liger") if p in ce]
+
+    def ratios(k):
+        return [f"{ce[k][f'time_ratio_vs_{p}']:.2f} / {ce[k][f'peak_ratio_vs_{p}']:.2f}"
+                if f"time_ratio_vs_{p}" in ce[k] else "" for p in peers]
+    if d.get("liger_kernel"):
+        lines[-1:] = [f"liger-kernel {d['liger_kernel']}.", ""]
+    lines += _table(["", "fwd+bwd ms", "extra peak GiB", *(f"time / peak vs {p}" for p in peers)],
+                    [[k, f"{ce[k]['fwd_bwd_ms']:.1f}", f"{ce[k]['peak_extra_GiB']:.2f}", *ratios(k)] for k in keys])
     return lines
+
+
+def _fwd_sweep(d: dict) -> list[str]:
+    """Per case: the library's entry point, torch.compile, and the best variant of each family."""
+    rows = []
+    for case, r in d["cases"].items():
+        v = {k: x for k, x in r["variants"].items() if x.get("valid", True)}
+        families: dict[str, str] = {}
+        for name in sorted(v, key=lambda n: v[n]["us"]):
+            family = ("tile" if name.startswith("tile") else name.rstrip("0123456789w_s").split("_r")[0]) + (
+                "_masked" if "_masked" in name else "")
+            families.setdefault(family, name)
+        for name in ["lib", "compile", *(n for n in families.values() if n not in ("lib", "compile"))]:
+            rows.append([case, name, f"{v[name]['us']:.1f}", f"{v[name]['GBps']:.0f}",
+                         f"{v[name]['speedup_vs_compile']:.3f}x"])
+    return (["Forwards on GPU kernel time (median of rounds of 20 calls, variants interleaved), bytes read + "
+             "written. `lib` is the library's default; each other row is the fastest variant of its family "
+             "(`tile`: the library's kernel pinned to one config, `_masked`: with masks, `flat`: inductor's "
+             "1-D layout, `evict_first`: the forward before this sweep). Variants whose output is off the "
+             "reference are left out.", ""]
+            + _table(["case", "variant", "us", "GB/s", "vs torch.compile"], rows))
 
 
 def _row_bwd_sweep(d: dict) -> list[str]:
@@ -310,6 +338,7 @@ RENDERERS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "varlen_docs": ("Packed-document attention: varlen kernel vs FlexAttention", _varlen_docs),
     "vae_encode": ("Wan VAE encode vs diffusers", _vae_encode),
     "row_bwd_sweep": ("Row-kernel backwards: loop variants", _row_bwd_sweep),
+    "fwd_sweep": ("Element-wise forwards: launch shape, masks, cache policy", _fwd_sweep),
     "autotune_check": ("Auto-tuner: predicted vs measured", _autotune),
     "autotune_": ("Auto-tuner: exhaustive sweep, predicted vs measured", _autotune_sweep),
     "step_anatomy": ("One training step on one GPU: GPU-busy share, host syncs, fused ops", _step_anatomy),

@@ -24,7 +24,8 @@ Fused linear cross-entropy at vocab 128,256, 8,192 tokens, hidden 4,096, bf16:
 median forward+backward time and peak extra CUDA memory (max allocated minus
 what the inputs held) for ``fused`` (ours, default: gradients in the forward),
 ``fused_recompute`` (``grad_in_forward=False``), ``fused_fp32_accum`` (float32
-``grad_weight`` accumulator), ``fused_chunk2048`` (larger chunks), ``eager``
+``grad_weight`` accumulator), ``fused_chunk2048`` (larger chunks), ``fused_chunk256`` (smaller chunks: liger-kernel's
+choice at this shape, ``next_pow2(tokens / ceil(vocab / hidden))``), ``eager``
 (``F.linear`` then ``F.cross_entropy`` on float32 logits, the HF pattern) and
 ``liger`` (``LigerFusedLinearCrossEntropyLoss``, when liger-kernel imports; GPU
 only). Each fused row carries its time and peak ratios vs eager and vs liger.
@@ -242,6 +243,8 @@ def bench_cross_entropy(args, device, dtype, run):
                                                                grad_weight_dtype=torch.float32),
         "fused_chunk2048": lambda: fused_linear_cross_entropy(h, w, t, backend="triton",
                                                               chunk_tokens=16 if args.dry else 2048),
+        "fused_chunk256": lambda: fused_linear_cross_entropy(h, w, t, backend="triton",
+                                                             chunk_tokens=4 if args.dry else 256),
         "eager": lambda: F.cross_entropy(F.linear(h, w).float(), t, ignore_index=-100),
     }
     if device == "cuda":  # liger's kernels need a GPU
@@ -250,8 +253,8 @@ def bench_cross_entropy(args, device, dtype, run):
 
             liger = LigerFusedLinearCrossEntropyLoss(ignore_index=-100)
             impls["liger"] = lambda: liger(w, h, t)
-        except ImportError:
-            pass
+        except ImportError as err:
+            print(f"liger-kernel not compared: {err}", file=sys.stderr)
     out = {"tokens": tokens, "hidden": hidden, "vocab": vocab, "dtype": str(dtype),
            "fused_chunk_tokens": default_chunk(tokens, vocab)}
     for name, fn in impls.items():
@@ -308,6 +311,12 @@ def main() -> None:
         result["triton"] = triton.__version__
     except ImportError:
         result["triton"] = None
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        result["liger_kernel"] = version("liger-kernel")
+    except PackageNotFoundError:
+        result["liger_kernel"] = None
     skip = set(filter(None, args.skip.split(",")))
     if "elementwise" not in skip:
         result["elementwise"] = bench_elementwise(args, device, dtype, run)
