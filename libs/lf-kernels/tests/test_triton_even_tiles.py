@@ -15,13 +15,22 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from _fused_check import check, leaves  # noqa: E402
 
 from lf_kernels._fused_reference import modulate_reference, rms_norm_reference, swiglu_reference  # noqa: E402
 from lf_kernels.triton._dispatch import kernels  # noqa: E402
+from lf_kernels.triton._kernels.modulate import _sample_offsets  # noqa: E402
 from lf_kernels.triton._modulate import _block_d, modulate  # noqa: E402
 from lf_kernels.triton._rmsnorm import rms_norm  # noqa: E402
 from lf_kernels.triton._swiglu import _col_block, swiglu  # noqa: E402
+
+
+@triton.jit
+def probe(OUT, pid, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    """Stores the per-sample modulate kernel's offsets of block ``pid``."""
+    tl.store(OUT + tl.arange(0, BLOCK), _sample_offsets(pid, BLOCK, WIDE).to(tl.int64))
 
 
 @pytest.mark.parametrize("with_residual", [False, True])
@@ -69,16 +78,21 @@ def test_even_heuristics():
     (4, (2, 16, 96), (2, 4, 96)),  # per frame: 8 groups > 4, 4 tiles of one token
     (4, (2, 18, 130), (2, 18, 130)),  # per token: 36 groups > 4
     (1, (2, 1, 96), (2, 96)),  # per sample (the 1-D kernel): 2 samples > 1, one block each
-], ids=["per_frame", "per_token", "per_sample"])
+    (4, (3, 6, 64), (1, 6, 64)),  # per token, shared by the batch: 6 gradient rows x 2 partial sums > 4
+], ids=["per_frame", "per_token", "per_sample", "per_token_broadcast"])
 def test_modulate_groups_on_grid_axis_0(monkeypatch, limit, x_shape, mod_shape):
-    """Oracle: float64 reference; with the axis-1 limit lowered, the groups (or samples) go on grid axis 0, the
-    path of per-token modulation of a large batch."""
+    """Oracle: float64 reference; with the axis-1 limit lowered, the groups (or samples) go on grid axis 0 in the
+    forward and the gradient rows in the backward's partial sums: the paths of per-token modulation of a long
+    sequence or a large batch."""
     from lf_kernels.triton import _modulate as host
+    from lf_kernels.triton import _partials as partials
 
-    monkeypatch.setattr(host, "_MAX_GRID_YZ", limit)
+    monkeypatch.setattr(host, "MAX_GRID_YZ", limit)
+    monkeypatch.setattr(partials, "MAX_GRID_YZ", limit)  # the backward's gradient rows too
     batch, tokens, hidden = x_shape
     groups = 1 if len(mod_shape) == 2 else mod_shape[1]
-    assert host._bg_axis(batch * groups, max(1, tokens // groups) * -(-hidden // 128)) == 0
+    if mod_shape[0] == batch:
+        assert host._bg_axis(batch * groups, max(1, tokens // groups) * -(-hidden // 128)) == 0
     gen = torch.Generator().manual_seed(14 + limit + groups)
     x, shift, scale = leaves(gen, x_shape, mod_shape, mod_shape)
     check(modulate, modulate_reference, [x, shift, scale], seed=5)
@@ -92,3 +106,15 @@ def test_modulate_grid_axis_choice():
     assert _bg_axis(65536, 65535) == 0
     with pytest.raises(ValueError, match="exceeds CUDA's grid limits"):
         _bg_axis(65536, 65536)
+
+
+def test_flat_modulate_offsets_of_samples_past_int32():
+    """Oracle: Python integers. The per-sample kernel's offsets for a block past 2**31 elements (a sample of
+    2**31 or more, ``WIDE``): computed in int64 before the multiply, so they do not wrap negative."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = torch.empty(128, dtype=torch.int64, device=device)
+    pid = 2**31 // 128 + 1
+    probe[(1,)](out, pid, BLOCK=128, WIDE=True)
+    assert out.cpu().tolist() == [pid * 128 + i for i in range(128)]
+    probe[(1,)](out, 5, BLOCK=128, WIDE=False)
+    assert out.cpu().tolist() == [5 * 128 + i for i in range(128)]

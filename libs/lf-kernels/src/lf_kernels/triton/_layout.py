@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["as_rows", "cdiv", "next_pow2", "unit_last"]
@@ -15,10 +17,11 @@ def unit_last(t: torch.Tensor) -> torch.Tensor:
 def as_rows(t: torch.Tensor) -> torch.Tensor:
     """``(..., d)`` -> ``(n, d)`` with a unit column stride; a view when the strides allow it."""
     t = unit_last(t)
+    rows = math.prod(t.shape[:-1])  # not -1: ambiguous for zero features
     try:
-        return t.view(-1, t.shape[-1])
+        return t.view(rows, t.shape[-1])
     except RuntimeError:
-        return t.reshape(-1, t.shape[-1])
+        return t.reshape(rows, t.shape[-1])
 
 
 def next_pow2(n: int) -> int:

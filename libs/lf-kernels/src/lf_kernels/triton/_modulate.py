@@ -10,7 +10,7 @@ import torch
 from .._fused_reference import modulate_reference, modulation_groups
 from ._dispatch import FusedBackend, kernels, resolve_backend
 from ._layout import cdiv, next_pow2, unit_last
-from ._partials import sum_partials
+from ._partials import MAX_GRID_YZ, sum_partials
 
 __all__ = ["modulate"]
 
@@ -31,7 +31,6 @@ def _block_d(hidden: int) -> int:
     return min(_MAX_BLOCK_D, div) if div >= 128 else min(_MAX_BLOCK_D, next_pow2(hidden))
 
 
-_MAX_GRID_YZ = 65535  # CUDA's limit on grid axes 1 and 2
 
 
 def _bg_axis(bg: int, max_tiles: int) -> int:
@@ -41,9 +40,9 @@ def _bg_axis(bg: int, max_tiles: int) -> int:
     Raises:
         ValueError: both counts above 65,535 (over 4e9 tiles of at least 128 features: no tensor in memory).
     """
-    if bg <= _MAX_GRID_YZ:
+    if bg <= MAX_GRID_YZ:
         return 1
-    if max_tiles <= _MAX_GRID_YZ:
+    if max_tiles <= MAX_GRID_YZ:
         return 0
     raise ValueError(f"modulate: {bg} (batch x groups) by {max_tiles} tiles exceeds CUDA's grid limits")
 
@@ -107,9 +106,9 @@ class _ModulateFn(torch.autograd.Function):
         d_blocks = cdiv(hidden, block_d)
         # A persistent-size grid: ~k programs per SM over (group, token split, feature block), whatever the grouping.
         programs = tuning.sm_count(x_btd.device) * tuning.programs_per_sm(block_d, partials=2)
-        n_splits, rows_per_split = tuning.persistent_split(tpg, max(1, cdiv(programs, bg * d_blocks)))
+        n_splits, rows_per_split = tuning.persistent_split(tpg, max(1, cdiv(programs, max(1, bg * d_blocks))))
         n_splits = max(n_splits, 1)  # no tokens: one (empty) split
-        broadcast = shift_shape[0] == 1 and batch > 1
+        broadcast = shift_shape[0] == 1 and batch != 1  # batch 0 too: its (zero) gradient keeps the 1
         direct = n_splits == 1 and not broadcast  # each program sums a whole group: write the gradients directly
         n_out = groups if broadcast else bg  # gradient rows
         n_red = n_splits * (batch if broadcast else 1)  # partial rows summed into each, adjacent: (b, g, split)

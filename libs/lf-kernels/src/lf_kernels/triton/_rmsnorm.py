@@ -9,7 +9,7 @@ import torch
 
 from .._fused_reference import rms_norm_reference
 from ._dispatch import FusedBackend, kernels, resolve_backend
-from ._layout import as_rows, cdiv, next_pow2
+from ._layout import as_rows, cdiv, next_pow2, unit_last
 from ._partials import sum_partials
 
 __all__ = ["rms_norm"]
@@ -20,6 +20,7 @@ _MAX_HIDDEN = 65536
 class _RMSNormFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, residual, eps):
+        weight = unit_last(weight)  # the kernels index it with a unit stride (a strided view would read wrong)
         x_nd = as_rows(x)
         n, d = x_nd.shape
         y_nd = torch.empty((n, d), dtype=x.dtype, device=x.device)

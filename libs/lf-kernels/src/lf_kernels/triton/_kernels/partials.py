@@ -14,10 +14,12 @@ import triton.language as tl
 
 
 @triton.jit
-def sum_partials(PART, OUT_A, OUT_B, n_out_a, n_parts, n_cols, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Grid ``(cdiv(n_cols, BLOCK_C), n_out)``."""
-    o = tl.program_id(1)
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+def sum_partials(PART, OUT_A, OUT_B, n_out_a, n_parts, n_cols, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+                 O_AXIS: tl.constexpr):
+    """Grid ``(cdiv(n_cols, BLOCK_C), n_out)`` with ``O_AXIS = 1``, or ``(n_out, cdiv(n_cols, BLOCK_C))`` with
+    ``O_AXIS = 0`` (more than 65,535 output rows: CUDA's limit on grid axis 1)."""
+    o = tl.program_id(O_AXIS)
+    cols = tl.program_id(1 - O_AXIS) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_mask = cols < n_cols
     base = PART + o.to(tl.int64) * n_parts * n_cols
     acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)

@@ -138,8 +138,8 @@ def rms_norm_fwd(block_d: int):
     """The forward kernel tuned for feature block ``block_d``; grid ``(cdiv(n_rows, BLOCK_R),)``."""
     # 16-32 elements a thread, 4 or 8 warps: the configs within 2% of the best at both bench shapes of
     # bench/results/fwd_sweep_h200.json (after the cache-policy change). With 8 a thread or 16 warps some ran
-    # up to 46% slower (rms_norm at 32,760 x 1,536: up to 69.5 us against 47.7), and the tuner picked one of them in
-    # a run of bench/kernels/fused_ops.py (59.6 us).
+    # up to 46% slower (rms_norm at 32,760 x 1,536: up to 69.5 us against 47.7): a tuner that can pick them
+    # sometimes does (do_bench noise at ~50 us).
     configs = row_configs(block_d, warps=(4, 8), min_elems=16, regs_per_elem=2.5)
     return autotuned(triton.heuristics({"EVEN": _even_fwd})(_rms_norm_fwd), configs, key=["n_cols", "HAS_RES"])
 
