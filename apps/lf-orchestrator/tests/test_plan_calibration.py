@@ -73,3 +73,48 @@ def test_calibrate_needs_cuda():
     out = runner.invoke(app, [*ARGS, "--gpu", "h200", "--calibrate"])
     assert out.exit_code == 2
     assert "--calibrate needs a CUDA GPU" in out.output
+
+
+@pytest.fixture
+def fake_calibrate(tmp_path, monkeypatch):
+    """``lf_parallel.calibrate`` replaced by one that caches a half-rate entry for DEVICE (no CUDA runs); this
+    machine's GPU reported as DEVICE. Returns the list of calls."""
+    import lf_parallel
+
+    monkeypatch.setenv("LF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: DEVICE)
+    calls = []
+
+    def calibrate(*, save=True, **_):
+        base = default_calibration(gpu_spec("h200"))
+        cal = msgspec.structs.replace(base, matmul_tflops=base.matmul_tflops / 2,
+                                      source=f"measured {DEVICE}, torch {torch.__version__}")
+        (tmp_path / "calibration.json").write_text(json.dumps({f"{DEVICE} | torch {torch.__version__}":
+                                                               msgspec.to_builtins(cal)}))
+        calls.append(save)
+        return cal
+
+    monkeypatch.setattr(lf_parallel, "calibrate", calibrate)
+    return calls
+
+
+def test_calibrate_then_plan_uses_the_measurement(fake_calibrate):
+    out = runner.invoke(app, [*ARGS, "--gpu", "h200", "--calibrate"])
+    assert out.exit_code == 0, out.output
+    assert fake_calibrate == [True]
+    assert "warning" not in out.stderr
+    assert json.loads(out.stdout)["calibration"] == f"measured {DEVICE}, torch {torch.__version__}"
+
+
+def test_calibrate_warns_when_the_plan_is_for_another_gpu(fake_calibrate):
+    out = runner.invoke(app, [*ARGS, "--gpu", "a100-80g", "--calibrate"])
+    assert out.exit_code == 0, out.output
+    assert "plan is for a100-80g (--gpu), so its rates come from: defaults" in out.stderr
+    assert json.loads(out.stdout)["calibration"] == "defaults"  # stdout stays JSON
+
+
+def test_calibrate_runs_after_the_arguments_are_checked(fake_calibrate):
+    out = runner.invoke(app, ["plan", "--recipe", "llama3", "--size", "9000B", "--gpus", "2", "--calibrate"])
+    assert out.exit_code == 2
+    assert fake_calibrate == []  # the bad --size failed first: nothing measured

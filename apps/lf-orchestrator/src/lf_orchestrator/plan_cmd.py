@@ -183,18 +183,23 @@ def _runnable(cfg, graph, tokens: int):
     return lambda plan: trainer_unsupported(plan, cfg, graph, tokens)
 
 
-def _calibrate() -> None:
-    """``--calibrate``: measure this GPU's rates and cache them (exit 2 without CUDA)."""
+def _calibrate(cluster) -> None:
+    """``--calibrate``: measure this GPU's rates and cache them (exit 2 without CUDA); warns on stderr when the
+    plan is for another GPU model, whose rates the measurement does not give."""
     import torch
 
-    from lf_parallel import calibrate
+    import lf_parallel
 
     if not torch.cuda.is_available():
         _fail("--calibrate needs a CUDA GPU to measure (none is available here); without it lf plan uses the "
               "cached rates of this GPU or the defaults")
-    cal = calibrate(save=True)
+    cal = lf_parallel.calibrate(save=True)
     console.print(f"calibrated: {cal.source}: matmul {cal.matmul_tflops:.0f} TFLOP/s, attention "
                   f"{cal.attention_tflops['causal']:.0f} (causal), copy {cal.copy_tbps:.2f} TB/s", highlight=False)
+    used = lf_parallel.calibration_for(cluster)
+    if used.source != cal.source:
+        console.print(f"warning: --calibrate measured this machine's {torch.cuda.get_device_name(0)}, but the "
+                      f"plan is for {cluster.gpu.name} (--gpu), so its rates come from: {used.source}", highlight=False)
 
 
 def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt = None, seq: SeqOpt = None,
@@ -211,7 +216,8 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
 
     The rates come from the calibration cache (``$LF_CACHE_DIR/calibration.json``, default ``~/.cache/lf``) when
     this machine's GPU is the cluster's model and was measured with this torch, else from the BENCH.md defaults;
-    ``--calibrate`` measures this GPU first (needs CUDA) and caches it. The footer and ``--json``
+    ``--calibrate`` measures this GPU once the arguments check out (needs CUDA), caches it, and warns on stderr
+    when ``--gpu`` names another model (whose rates it does not give). The footer and ``--json``
     (``calibration``) say which rates were used."""
     from lf_orchestrator.config import ConfigError
     from lf_orchestrator.families._plan import rank_plans
@@ -221,13 +227,13 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
 
     if top < 1:
         _fail(f"--top must be >= 1, got {top}")
-    if calibrate:
-        _calibrate()
     try:
         graph, tokens, batch = resolve_model(config, recipe, size, seq, frames, height, width)
         cluster = resolve_cluster(gpus, gpus_per_node, gpu, inter_node_gbps)
         batch = global_batch or batch or cluster.gpus
         run_cfg = load_run_config(config)
+        if calibrate:  # after the arguments are checked: a typo costs no measurement
+            _calibrate(cluster)
         cal = calibration_for(cluster)
         if run_cfg is not None:
             result = rank_plans(run_cfg, graph, cluster, seq=tokens, precision=precision, global_batch=batch,

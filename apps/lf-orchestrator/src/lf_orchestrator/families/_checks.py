@@ -41,7 +41,7 @@ def check_family_config(cfg, where: str) -> None:
         try:
             plan = with_cp_kind(parse_plan(cfg.parallel.spec), cfg.parallel.spec, cfg.parallel.cp_kind)
         except PlanError as err:
-            from lf_orchestrator.config import explain_enum
+            from lf_orchestrator._config_errors import explain_enum
             from lf_parallel import Plan
 
             raise ConfigError(f"{where}: parallel.spec: {explain_enum(str(err), Plan)}") from None
