@@ -84,15 +84,13 @@ def test_modulate_groups_on_grid_axis_0(monkeypatch, limit, x_shape, mod_shape):
     """Oracle: float64 reference; with the axis-1 limit lowered, the groups (or samples) go on grid axis 0 in the
     forward and the gradient rows in the backward's partial sums: the paths of per-token modulation of a long
     sequence or a large batch."""
-    from lf_kernels.triton import _modulate as host
-    from lf_kernels.triton import _partials as partials
+    from lf_kernels.triton import _layout
 
-    monkeypatch.setattr(host, "MAX_GRID_YZ", limit)
-    monkeypatch.setattr(partials, "MAX_GRID_YZ", limit)  # the backward's gradient rows too
+    monkeypatch.setattr(_layout, "MAX_GRID_YZ", limit)  # the forward's groups and the backward's gradient rows
     batch, tokens, hidden = x_shape
     groups = 1 if len(mod_shape) == 2 else mod_shape[1]
     if mod_shape[0] == batch:
-        assert host._bg_axis(batch * groups, max(1, tokens // groups) * -(-hidden // 128)) == 0
+        assert _layout.grid_axis(batch * groups, max(1, tokens // groups) * -(-hidden // 128)) == 0
     gen = torch.Generator().manual_seed(14 + limit + groups)
     x, shift, scale = leaves(gen, x_shape, mod_shape, mod_shape)
     check(modulate, modulate_reference, [x, shift, scale], seed=5)
@@ -100,12 +98,12 @@ def test_modulate_groups_on_grid_axis_0(monkeypatch, limit, x_shape, mod_shape):
 
 def test_modulate_grid_axis_choice():
     """Oracle: CUDA's 65,535 limit on grid axis 1, by hand."""
-    from lf_kernels.triton._modulate import _bg_axis
+    from lf_kernels.triton._layout import grid_axis
 
-    assert _bg_axis(65535, 10**6) == 1
-    assert _bg_axis(65536, 65535) == 0
+    assert grid_axis(65535, 10**6) == 1
+    assert grid_axis(65536, 65535) == 0
     with pytest.raises(ValueError, match="exceeds CUDA's grid limits"):
-        _bg_axis(65536, 65536)
+        grid_axis(65536, 65536)
 
 
 def test_flat_modulate_offsets_of_samples_past_int32():

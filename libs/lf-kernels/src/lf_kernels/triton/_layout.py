@@ -6,7 +6,10 @@ import math
 
 import torch
 
-__all__ = ["as_rows", "cdiv", "next_pow2", "unit_last"]
+__all__ = ["MAX_GRID_YZ", "as_rows", "cdiv", "grid_axis", "next_pow2", "unit_last"]
+
+MAX_GRID_YZ = 65535
+"""CUDA's limit on grid axes 1 and 2 (axis 0 takes 2**31 - 1)."""
 
 
 def unit_last(t: torch.Tensor) -> torch.Tensor:
@@ -32,3 +35,17 @@ def next_pow2(n: int) -> int:
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for positive ``b``."""
     return -(-a // b)
+
+
+def grid_axis(count: int, other: int) -> int:
+    """Grid axis for ``count`` programs of a 2-D launch whose other axis has ``other``: 1 while ``count`` fits
+    :data:`MAX_GRID_YZ`, else 0 (``other`` then goes on axis 1).
+
+    Raises:
+        ValueError: both above the limit (over 4e9 programs: no tensor that fits in memory).
+    """
+    if count <= MAX_GRID_YZ:
+        return 1
+    if other <= MAX_GRID_YZ:
+        return 0
+    raise ValueError(f"a grid of {count} by {other} programs exceeds CUDA's grid limits")

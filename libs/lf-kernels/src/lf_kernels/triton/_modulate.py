@@ -9,8 +9,8 @@ import torch
 
 from .._fused_reference import modulate_reference, modulation_groups
 from ._dispatch import FusedBackend, kernels, resolve_backend
-from ._layout import cdiv, next_pow2, unit_last
-from ._partials import MAX_GRID_YZ, sum_partials
+from ._layout import cdiv, grid_axis, next_pow2, unit_last
+from ._partials import sum_partials
 
 __all__ = ["modulate"]
 
@@ -32,21 +32,6 @@ def _block_d(hidden: int) -> int:
 
 
 
-
-def _bg_axis(bg: int, max_tiles: int) -> int:
-    """Grid axis of the forward's ``bg`` (batch x groups) programs: 1 while they fit CUDA's 65,535 limit there,
-    else 0, the ``max_tiles`` (token x feature blocks at one token a block) going to axis 1.
-
-    Raises:
-        ValueError: both counts above 65,535 (over 4e9 tiles of at least 128 features: no tensor in memory).
-    """
-    if bg <= MAX_GRID_YZ:
-        return 1
-    if max_tiles <= MAX_GRID_YZ:
-        return 0
-    raise ValueError(f"modulate: {bg} (batch x groups) by {max_tiles} tiles exceeds CUDA's grid limits")
-
-
 def _batch_stride(t_bgd: torch.Tensor) -> int:
     return t_bgd.stride(0) if t_bgd.shape[0] > 1 else 0
 
@@ -65,7 +50,7 @@ class _ModulateFn(torch.autograd.Function):
         bg = batch * groups
         if x_btd.numel() and groups == 1:  # one row per sample: inductor's 1-D layout
             per_sample = tokens * hidden
-            bg_axis = _bg_axis(batch, cdiv(per_sample, 128))  # 128: the smallest BLOCK
+            bg_axis = grid_axis(batch, cdiv(per_sample, 128))  # 128: the smallest BLOCK
 
             def grid(meta):
                 blocks = cdiv(per_sample, meta["BLOCK"])
@@ -76,7 +61,7 @@ class _ModulateFn(torch.autograd.Function):
                 HIDDEN=hidden, BG_AXIS=bg_axis, WIDE=per_sample >= 2**31,
             )
         elif x_btd.numel():
-            bg_axis = _bg_axis(bg, tpg * d_blocks)
+            bg_axis = grid_axis(bg, tpg * d_blocks)  # at one token a block
 
             def grid(meta):
                 tiles = cdiv(tpg, meta["BLOCK_R"]) * d_blocks

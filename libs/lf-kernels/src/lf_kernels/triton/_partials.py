@@ -8,13 +8,12 @@ from __future__ import annotations
 import torch
 
 from ._dispatch import kernels
-from ._layout import cdiv, next_pow2
+from ._layout import cdiv, grid_axis, next_pow2
 
 __all__ = ["sum_partials"]
 
 _MAX_BLOCK_P = 512  # partial rows loaded at once: every persistent grid here has fewer per output
 _TILE = 8192  # float32 elements per program (64 per thread at 4 warps)
-MAX_GRID_YZ = 65535  # CUDA's limit on grid axes 1 and 2
 
 
 def sum_partials(parts_opc: torch.Tensor, out_a: torch.Tensor, out_b: torch.Tensor | None = None) -> None:
@@ -36,7 +35,7 @@ def sum_partials(parts_opc: torch.Tensor, out_a: torch.Tensor, out_b: torch.Tens
     block_p = min(_MAX_BLOCK_P, next_pow2(n_parts))
     block_c = min(256, max(32, _TILE // block_p))
     col_blocks = cdiv(n_cols, block_c)
-    o_axis = 1 if n_out <= MAX_GRID_YZ else 0  # per-token dshift / dscale of a long sequence: many rows
+    o_axis = grid_axis(n_out, col_blocks)  # per-token dshift / dscale of a long sequence: many rows
     kernels("partials").sum_partials[(col_blocks, n_out) if o_axis == 1 else (n_out, col_blocks)](
         parts_opc, out_a, out_b, out_a.shape[0], n_parts, n_cols, BLOCK_P=block_p, BLOCK_C=block_c, O_AXIS=o_axis,
         num_warps=4 if block_p * block_c <= _TILE else 8,

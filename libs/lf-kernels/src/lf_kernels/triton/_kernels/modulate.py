@@ -167,7 +167,7 @@ def _configs(block_d: int, few_tokens: bool, regs_per_elem: float):
 @functools.cache
 def modulate_fwd(block_d: int, few_tokens: bool):
     """Forward tuned for ``block_d``; grid ``(cdiv(tokens_per_group, BLOCK_R) * D_BLOCKS, batch * groups)``, or
-    the two swapped with ``BG_AXIS = 0`` (see ``lf_kernels.triton._modulate._bg_axis``)."""
+    the two swapped with ``BG_AXIS = 0`` (see ``lf_kernels.triton._layout.grid_axis``)."""
     return autotuned(triton.heuristics({"EVEN": _even_fwd})(_modulate_fwd), _configs(block_d, few_tokens, 2.5),
                      key=["hidden"])
 

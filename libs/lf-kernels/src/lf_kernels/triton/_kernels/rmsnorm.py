@@ -23,22 +23,8 @@ import functools
 import triton
 import triton.language as tl
 
+from .masked import load_f32, store
 from .tuning import autotuned, bwd_configs, row_configs
-
-
-@triton.jit
-def _fwd_load(PTR, offs, mask, EVEN: tl.constexpr):
-    if EVEN:
-        return tl.load(PTR + offs).to(tl.float32)
-    return tl.load(PTR + offs, mask=mask, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _fwd_store(PTR, offs, value, mask, EVEN: tl.constexpr):
-    if EVEN:
-        tl.store(PTR + offs, value.to(PTR.dtype.element_ty))
-    else:
-        tl.store(PTR + offs, value.to(PTR.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -52,16 +38,16 @@ def _rms_norm_fwd(X, R, W, Y, H, RSTD, stride_x, stride_r, stride_y, stride_h, n
     # Default cache policy on x / residual: with evict_first the forward took 69.5 / 99.4 us at best (rms_norm +
     # residual, the LLM / DiT shapes of bench/results/fwd_sweep_h200.json), without it 66.5 / 97.3 (torch.compile
     # 68.6 / 100.6).
-    x = _fwd_load(X, rows[:, None] * stride_x + cols[None, :], mask, EVEN)
+    x = load_f32(X + rows[:, None] * stride_x + cols[None, :], mask, EVEN)
     if HAS_RES:
-        x += _fwd_load(R, rows[:, None] * stride_r + cols[None, :], mask, EVEN)
+        x += load_f32(R + rows[:, None] * stride_r + cols[None, :], mask, EVEN)
         h = x.to(H.dtype.element_ty)
-        _fwd_store(H, rows[:, None] * stride_h + cols[None, :], h, mask, EVEN)
+        store(H + rows[:, None] * stride_h + cols[None, :], h, mask, EVEN)
         x = h.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
-    w = _fwd_load(W, cols, c_mask, EVEN)
-    _fwd_store(Y, rows[:, None] * stride_y + cols[None, :], x * rstd[:, None] * w[None, :], mask, EVEN)
-    _fwd_store(RSTD, rows, rstd, r_mask, EVEN)
+    w = load_f32(W + cols, c_mask, EVEN)
+    store(Y + rows[:, None] * stride_y + cols[None, :], x * rstd[:, None] * w[None, :], mask, EVEN)
+    store(RSTD + rows, rstd, r_mask, EVEN)
 
 
 def _even_fwd(args) -> bool:

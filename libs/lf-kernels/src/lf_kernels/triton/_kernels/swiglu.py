@@ -15,6 +15,7 @@ import functools
 import triton
 import triton.language as tl
 
+from .masked import load_f32, store
 from .tuning import autotuned, row_configs
 
 
@@ -27,39 +28,24 @@ def _tile(pid, n_rows, n_cols, COL_BLOCKS: tl.constexpr, BLOCK_R: tl.constexpr, 
 
 
 @triton.jit
-def _load(PTR, rows, cols, stride, mask, EVEN: tl.constexpr):
-    if EVEN:
-        return tl.load(PTR + rows[:, None] * stride + cols[None, :]).to(tl.float32)
-    return tl.load(PTR + rows[:, None] * stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _store(PTR, rows, cols, stride, value, mask, EVEN: tl.constexpr):
-    if EVEN:
-        tl.store(PTR + rows[:, None] * stride + cols[None, :], value.to(PTR.dtype.element_ty))
-    else:
-        tl.store(PTR + rows[:, None] * stride + cols[None, :], value.to(PTR.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _swiglu_fwd(G, U, Y, stride_g, stride_u, stride_y, n_rows, n_cols, COL_BLOCKS: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, EVEN: tl.constexpr):
     rows, cols, mask = _tile(tl.program_id(0), n_rows, n_cols, COL_BLOCKS, BLOCK_R, BLOCK_D)
-    g = _load(G, rows, cols, stride_g, mask, EVEN)
-    u = _load(U, rows, cols, stride_u, mask, EVEN)
-    _store(Y, rows, cols, stride_y, g * tl.sigmoid(g) * u, mask, EVEN)
+    g = load_f32(G + rows[:, None] * stride_g + cols[None, :], mask, EVEN)
+    u = load_f32(U + rows[:, None] * stride_u + cols[None, :], mask, EVEN)
+    store(Y + rows[:, None] * stride_y + cols[None, :], g * tl.sigmoid(g) * u, mask, EVEN)
 
 
 @triton.jit
 def _swiglu_bwd(DY, G, U, DG, DU, stride_dy, stride_g, stride_u, stride_dg, stride_du, n_rows, n_cols,
                 COL_BLOCKS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, EVEN: tl.constexpr):
     rows, cols, mask = _tile(tl.program_id(0), n_rows, n_cols, COL_BLOCKS, BLOCK_R, BLOCK_D)
-    dy = _load(DY, rows, cols, stride_dy, mask, EVEN)
-    g = _load(G, rows, cols, stride_g, mask, EVEN)
-    u = _load(U, rows, cols, stride_u, mask, EVEN)
+    dy = load_f32(DY + rows[:, None] * stride_dy + cols[None, :], mask, EVEN)
+    g = load_f32(G + rows[:, None] * stride_g + cols[None, :], mask, EVEN)
+    u = load_f32(U + rows[:, None] * stride_u + cols[None, :], mask, EVEN)
     s = tl.sigmoid(g)
-    _store(DG, rows, cols, stride_dg, dy * u * s * (1.0 + g * (1.0 - s)), mask, EVEN)
-    _store(DU, rows, cols, stride_du, dy * g * s, mask, EVEN)
+    store(DG + rows[:, None] * stride_dg + cols[None, :], dy * u * s * (1.0 + g * (1.0 - s)), mask, EVEN)
+    store(DU + rows[:, None] * stride_du + cols[None, :], dy * g * s, mask, EVEN)
 
 
 def _even(args) -> bool:
