@@ -92,3 +92,44 @@ def test_errors_exit_2(tmp_path, dataset_dir, args, match):
     """Bad options give exit code 2 and a message naming the problem."""
     res = _run(*[a.format(d=dataset_dir, t=tmp_path) for a in args])
     assert res.exit_code == 2 and match in res.output.replace("\n", "")
+
+
+def test_report_shows_fast_reconstruction_error_per_dimension(dataset_dir):
+    """report lists each FAST config's own reconstruction error per action dimension (max abs / RMS).
+
+    Oracle: FastTokenizer.fit on the same training chunks (episodes e % 5 != 4, all when fewer than 5),
+    whose reconstruction_error is decode(encode(x)) - x on those chunks.
+    """
+    res = _run("report", dataset_dir, "--horizon", "8", "--scales", "10", "--vocab-sizes", "512", "--json")
+    assert res.exit_code == 0, res.output
+    row = next(r for r in json.loads(res.output) if r["tokenizer"] == "FAST scale=10 vocab=512")
+    episodes, stats = read_actions(dataset_dir)
+    train = [e for i, e in enumerate(episodes) if i % 5 != 4] if len(episodes) >= 5 else episodes
+    chunks = make_chunks(train, 8, 1)
+    tok = FastTokenizer.fit(chunks, scale=10, vocab_size=512, stats=stats)
+    err = tok.decode(tok.encode(chunks)) - chunks
+    np.testing.assert_allclose(row["fit_max_abs"], np.abs(err).max(axis=(0, 1)), rtol=1e-12)
+    np.testing.assert_allclose(row["fit_rms"], np.sqrt((err**2).mean(axis=(0, 1))), rtol=1e-12)
+    assert len(row["fit_max_abs"]) == 4  # Meta-World D = 4
+    res = _run("report", dataset_dir, "--horizon", "8", "--scales", "10", "--vocab-sizes", "512")
+    assert res.exit_code == 0, res.output
+    text = res.output
+    assert "FAST fit error per action dimension" in text and all(f"dim {d}" in text for d in range(4))
+    m, s = row["fit_max_abs"][3], row["fit_rms"][3]
+    assert f"{m:.3g} / {s:.3g}" in text
+
+
+def test_fit_fast_prints_error_and_enforces_tolerance(tmp_path, dataset_dir):
+    """fit --kind fast prints the per-dimension error; --max-reconstruction-error below it exits 2 naming the dim.
+
+    Oracle: the saved tokenizer's reconstruction_error.
+    """
+    path = tmp_path / "fast.json"
+    res = _run("fit", dataset_dir, "--out", path, "--kind", "fast", "--horizon", "8", "--vocab-size", "512")
+    assert res.exit_code == 0, res.output
+    err = FastTokenizer.load(path).reconstruction_error
+    assert err is not None and f"dim 3: max abs {err.max_abs[3]:.4g}, RMS {err.rms[3]:.4g}" in res.output
+    res = _run("fit", dataset_dir, "--out", tmp_path / "f2.json", "--kind", "fast", "--horizon", "8",
+               "--vocab-size", "512", "--max-reconstruction-error", f"{err.max_abs.min() / 2}")
+    assert res.exit_code == 2 and "reconstruction error of action dimension" in res.output.replace("\n", "")
+    assert not (tmp_path / "f2.json").exists()

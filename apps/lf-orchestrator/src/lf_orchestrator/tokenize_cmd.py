@@ -76,8 +76,13 @@ def fit(
     stride: Annotated[int, typer.Option(help="fast: frames between chunk starts")] = 1,
     scale: Annotated[float, typer.Option(help="fast: DCT scale")] = 10.0,
     vocab_size: Annotated[int, typer.Option(help="fast: BPE vocabulary size")] = 1024,
+    max_reconstruction_error: Annotated[float | None, typer.Option(
+        help="fast: fail when some dimension's max |decode(encode(x)) - x| on the chunks exceeds this "
+             "(action units)")] = None,
 ) -> None:
-    """Fit a binning or FAST tokenizer on a dataset's actions and write it as JSON."""
+    """Fit a binning or FAST tokenizer on a dataset's actions and write it as JSON.
+
+    FAST also prints its reconstruction error on the fitting chunks per action dimension."""
     from lf_tokenize_action import BinningTokenizer, FastTokenizer
 
     episodes, stats = read_actions(dataset)
@@ -87,13 +92,18 @@ def fit(
                                        actions=np.concatenate(episodes) if binning == "quantile" else None)
         elif kind == "fast":
             tok = FastTokenizer.fit(make_chunks(episodes, horizon, stride), scale=scale, vocab_size=vocab_size,
-                                    stats=stats, bounds=bounds)
+                                    stats=stats, bounds=bounds, max_reconstruction_error=max_reconstruction_error)
         else:
             _fail(f"--kind must be 'binning' or 'fast'; got {kind!r}")
     except ValueError as err:
         _fail(str(err))
     tok.save(out)
     print(f"wrote {out}: {tok!r}")
+    if getattr(tok, "reconstruction_error", None) is not None:
+        err = tok.reconstruction_error
+        print(f"reconstruction error on the {err.chunks} fitting chunks (action units), per dimension:")
+        for d, (m, r) in enumerate(zip(err.max_abs, err.rms, strict=True)):
+            print(f"  dim {d}: max abs {m:.4g}, RMS {r:.4g}")
 
 
 @tokenize_app.command()
@@ -155,6 +165,9 @@ def report_rows(episodes: list[np.ndarray], stats: dict, *, horizon: int, scales
     fewer than 5); tokenizers are fitted on the rest, chunks use stride 1. Errors are
     mean absolute errors in normalized units (``[-1, 1]`` scale of the bounds) and in
     action units; ``clipped`` is the fraction of held-out chunks with a clipped value.
+    FAST rows also carry ``fit_max_abs`` and ``fit_rms``: lists of D floats, the
+    tokenizer's own reconstruction error on its fitting chunks per action dimension
+    (action units, ``FastTokenizer.reconstruction_error``).
     """
     from lf_tokenize_action import BinningTokenizer, FastTokenizer
 
@@ -184,6 +197,8 @@ def report_rows(episodes: list[np.ndarray], stats: dict, *, horizon: int, scales
             tokens, clipped = tok.encode(test, return_clipped=True)
             add(f"FAST scale={scale:g} vocab={vocab}", tok, tok.decode(tokens, horizon=horizon),
                 np.mean([len(t) for t in tokens]), clipped)
+            rows[-1].update(fit_max_abs=tok.reconstruction_error.max_abs.tolist(),
+                            fit_rms=tok.reconstruction_error.rms.tolist())
     return rows
 
 
@@ -212,4 +227,15 @@ def report(
     for r in rows:
         table.add_row(r["tokenizer"], f"{r['tokens_per_chunk']:.1f}", f"{r['mae_normalized']:.4f}",
                       f"{r['mae_action']:.4f}", f"{r['clipped']:.1%}")
-    make_console(width=120).print(table)
+    out = make_console(width=120)
+    out.print(table)
+    fast = [r for r in rows if "fit_max_abs" in r]
+    if fast:
+        per_dim = Table(title="FAST fit error per action dimension: max abs / RMS (action units)")
+        per_dim.add_column("tokenizer")
+        for d in range(len(fast[0]["fit_max_abs"])):
+            per_dim.add_column(f"dim {d}", justify="right")
+        for r in fast:
+            per_dim.add_row(r["tokenizer"], *(f"{m:.3g} / {s:.3g}" for m, s in zip(r["fit_max_abs"], r["fit_rms"],
+                                                                                      strict=True)))
+        out.print(per_dim)

@@ -23,7 +23,14 @@ import numpy as np
 
 from ._arrays import CUPY, as_float_array, as_int_array, from_numpy
 from ._binning_io import BINNINGS, LAYOUTS, binning_kwargs_from_dict, binning_to_dict
-from ._bounds import DEFAULT_STD_K, bounds_from_actions, bounds_from_stats, normalize_unclipped, unnormalize, vector
+from ._bounds import (
+    DEFAULT_STD_K,
+    bounds_from_actions,
+    bounds_from_stats_or_actions,
+    normalize_unclipped,
+    unnormalize,
+    vector,
+)
 from ._io import read_json, write_json_atomic
 from ._quantile import check_edges, digitize, quantile_edges
 
@@ -107,7 +114,7 @@ class BinningTokenizer:
     @classmethod
     def fit(
         cls,
-        stats: Mapping[str, Sequence[float]],
+        stats: Mapping[str, Sequence[float]] | Any,
         *,
         n_bins: int = 256,
         bounds: str = "q01_q99",
@@ -123,13 +130,19 @@ class BinningTokenizer:
         ``"min_max"`` uses ``stats["min"]``/``stats["max"]``; ``"mean_std"`` uses
         ``mean -+ std_k * std`` (default ``std_k = 3``: the three-sigma interval, 99.7 %
         of a normal distribution, comparable to the 98 % kept by q01/q99). Other keys
-        are ignored. ``binning="quantile"`` also needs ``actions`` ``(N, D)``, the
-        table whose quantiles become the bin edges (stats hold too few quantiles).
-        ``layout`` is passed to the constructor (``"openvla"``: OpenVLA's edges).
+        are ignored. ``stats`` may also be the raw action table, float ``(N, D)`` in
+        action units (numpy, torch or nested lists): the bounds are then computed from
+        it as ``from_actions`` does (numpy's linear quantiles, population std).
+        ``binning="quantile"`` also needs ``actions`` ``(N, D)``, the table whose
+        quantiles become the bin edges (stats hold too few quantiles); when ``stats``
+        is that table, it is used. ``layout`` is passed to the constructor
+        (``"openvla"``: OpenVLA's edges).
 
         Raises:
+            TypeError: ``stats`` is neither a mapping nor a numeric array.
             ValueError: unknown ``bounds``/``binning``, a needed key missing (the message
-                names it), or ``binning="quantile"`` without ``actions``.
+                names it), an action table that is not ``(N, D)`` finite, or
+                ``binning="quantile"`` with a stats mapping and no ``actions``.
 
         Example:
             >>> BinningTokenizer.fit({"q01": [-1.0], "q99": [3.0]}, n_bins=8).high.tolist()
@@ -138,10 +151,12 @@ class BinningTokenizer:
             [-0.5]
         """
         _check_binning(binning)
-        low, high = bounds_from_stats(stats, bounds, std_k)
+        low, high = bounds_from_stats_or_actions(stats, bounds, std_k)
         tok = cls(low, high, n_bins=n_bins, normalize_mask=normalize_mask, layout=layout)
         if binning == "uniform":
             return tok
+        if actions is None and not isinstance(stats, Mapping):
+            actions = stats
         if actions is None:
             raise ValueError("binning='quantile' needs actions (N, D) to place the bin edges; got actions=None")
         return tok._with_quantile_edges(actions)

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from ._arrays import as_float_array
+
 BOUNDS = ("q01_q99", "min_max", "mean_std")
 DEFAULT_STD_K = 3.0
 _STATS_KEYS = {"q01_q99": ("q01", "q99"), "min_max": ("min", "max"), "mean_std": ("mean", "std")}
@@ -66,6 +68,32 @@ def bounds_from_stats(
     if bounds == "mean_std":
         return _mean_std(lo, hi, float(std_k))
     return lo, hi
+
+
+def bounds_from_stats_or_actions(
+    source: Any, bounds: str, std_k: float = DEFAULT_STD_K, *, name: str = "stats"
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(low, high)`` float64 ``(D,)`` from a stats mapping or from a raw action table.
+
+    A ``Mapping`` goes to ``bounds_from_stats``; an array (numpy, torch, cupy or nested
+    lists) of shape ``(N, D)`` in action units goes to ``bounds_from_actions`` (the
+    same q01/q99, min/max or mean/std a LeRobot ``stats.json`` entry holds).
+
+    Raises:
+        TypeError: ``source`` is neither a mapping nor a numeric array (the message names ``name``).
+        ValueError: an array that is not ``(N, D)`` with N >= 1 or holds NaN/inf; see ``bounds_from_stats``.
+    """
+    if isinstance(source, Mapping):
+        return bounds_from_stats(source, bounds, std_k)
+    if isinstance(source, (str, bytes)) or source is None or np.isscalar(source):
+        raise TypeError(
+            f"{name} must be a stats mapping (keys q01/q99, min/max or mean/std, each a (D,) list) or an "
+            f"(N, D) action array; got {type(source).__name__}"
+        )
+    arr, _ = as_float_array(source, name=name)
+    if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ValueError(f"{name} as an action array must have shape (N, D) with N, D >= 1; got shape {arr.shape}")
+    return bounds_from_actions(arr, bounds, std_k)
 
 
 def bounds_from_actions(arr_nd: np.ndarray, bounds: str, std_k: float = DEFAULT_STD_K) -> tuple[np.ndarray, np.ndarray]:

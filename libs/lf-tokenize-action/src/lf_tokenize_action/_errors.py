@@ -20,3 +20,55 @@ class ActionDecodeError(ValueError):
     def __init__(self, row: int, got: int, expected: int, reason: str) -> None:
         self.row, self.got, self.expected, self.reason = row, got, expected, reason
         super().__init__(f"token sequence {row}: {reason} (decoded {got} coefficients, expected {expected})")
+
+
+class CoefficientRangeError(ValueError):
+    """``FastTokenizer.fit``: the quantized DCT coefficients span more integer values than FAST can represent.
+
+    Each integer coefficient becomes one character ``chr(0x100 + c - min_coeff)``
+    (``_fast_bpe.py``); the characters must stay below the UTF-16 surrogate block
+    (U+D800), so at most ``limit`` distinct values (``max_coeff - min_coeff <=
+    limit - 1``) fit. Subclass of ``ValueError``.
+
+    Attributes:
+        min_coeff, max_coeff: the integer coefficient range found on the fitting chunks.
+        limit: the largest number of distinct integer coefficients (``MAX_ALPHABET``).
+        scale: the DCT scale that was asked for.
+        max_scale: a scale at which every chunk of this horizon fits (normalized
+            actions lie in [-1, 1], so ``|coefficient| <= sqrt(horizon)`` before scaling).
+    """
+
+    def __init__(self, *, min_coeff: int, max_coeff: int, limit: int, scale: float, max_scale: float) -> None:
+        self.min_coeff, self.max_coeff, self.limit = min_coeff, max_coeff, limit
+        self.scale, self.max_scale = scale, max_scale
+        got = max_coeff - min_coeff + 1
+        super().__init__(
+            f"FAST coefficients at scale={scale:g} span {min_coeff}..{max_coeff} ({got} integer values), but the "
+            f"character alphabet holds at most {limit} values (a coefficient range of {limit - 1}, i.e. "
+            f"{(limit - 1) / scale:.6g} in normalized DCT units at this scale); lower scale (scale <= "
+            f"{max_scale:.6g} always fits this horizon, since actions are normalized to [-1, 1] before the DCT)"
+        )
+
+
+class ReconstructionToleranceError(ValueError):
+    """``FastTokenizer.fit(max_reconstruction_error=...)``: decode(encode(x)) is too far from x on the fitting data.
+
+    Subclass of ``ValueError``.
+
+    Attributes:
+        dim: the first action dimension over the tolerance.
+        max_abs: its largest absolute reconstruction error, action units.
+        limit: the tolerance for that dimension, action units.
+        bound_clip: the part of ``max_abs`` that clipping to the normalization bounds alone causes.
+    """
+
+    def __init__(self, *, dim: int, max_abs: float, limit: float, bound_clip: float, scale: float) -> None:
+        self.dim, self.max_abs, self.limit, self.bound_clip = dim, max_abs, limit, bound_clip
+        hint = (
+            f"clipping to the normalization bounds alone gives {bound_clip:.6g} there: widen the bounds "
+            f"(bounds='min_max')" if bound_clip > limit else f"raise scale (now {scale:g}) for a finer quantization"
+        )
+        super().__init__(
+            f"FAST reconstruction error of action dimension {dim} is {max_abs:.6g} (max |decode(encode(x)) - x| on "
+            f"the fitting chunks, action units), above max_reconstruction_error={limit:.6g}; {hint}"
+        )

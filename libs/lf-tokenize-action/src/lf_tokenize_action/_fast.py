@@ -23,11 +23,19 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ._arrays import CUPY, as_float_array, check_finite, from_numpy, to_numpy
-from ._bounds import DEFAULT_STD_K, bounds_from_actions, bounds_from_stats, normalize_unclipped, unnormalize, vector
+from ._bounds import (
+    DEFAULT_STD_K,
+    bounds_from_actions,
+    bounds_from_stats_or_actions,
+    normalize_unclipped,
+    unnormalize,
+    vector,
+)
 from ._dct import array_module, dct_time, idct_time, is_cupy_array
-from ._errors import ActionDecodeError
+from ._errors import ActionDecodeError, CoefficientRangeError
 from ._fast_bpe import MAX_ALPHABET, check_alphabet, pieces_by_id, rows_to_strings, string_to_codes, train_bpe
 from ._fast_io import fast_kwargs_from_dict, fast_to_dict, token_rows
+from ._fast_recon import ReconstructionStats, check_tolerance, measure, tolerance_vector
 from ._io import read_json, write_json_atomic
 
 
@@ -35,6 +43,13 @@ def _int(value: Any, name: str, minimum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or (minimum is not None and value < minimum):
         raise ValueError(f"{name} must be an int{f' >= {minimum}' if minimum is not None else ''}; got {value!r}")
     return int(value)
+
+
+def _scale(scale: Any) -> float:
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not np.isfinite(scale) \
+            or scale <= 0:
+        raise ValueError(f"scale must be a finite number > 0; got {scale!r}")
+    return float(scale)
 
 
 class FastTokenizer:
@@ -50,10 +65,12 @@ class FastTokenizer:
             outside it are clipped at encode time (and reported by ``return_clipped``).
         horizon: the chunk length H seen by ``fit``; the default for ``decode``.
         normalize_mask: optional bool ``(D,)``; False passes a dimension through unnormalized.
+        reconstruction_error: the ``ReconstructionStats`` measured by ``fit`` on its chunks
+            (``None`` for a tokenizer built by hand); kept by ``save`` / ``load``.
 
     Raises:
-        ValueError: bad bounds, ``scale <= 0``, ``min_coeff > max_coeff``, or a ``bpe``
-            that lacks some coefficient character.
+        ValueError: bad bounds, ``scale <= 0``, ``min_coeff > max_coeff``, a ``bpe``
+            that lacks some coefficient character, or ``reconstruction_error`` not of ``(D,)``.
 
     Example:
         >>> t = np.linspace(0, 1, 10)[None, :, None]
@@ -78,6 +95,7 @@ class FastTokenizer:
         max_coeff: int,
         horizon: int,
         normalize_mask: Any = None,
+        reconstruction_error: ReconstructionStats | None = None,
     ) -> None:
         self.low, self.high = vector(low, "low"), vector(high, "high")
         if self.low.shape != self.high.shape or (self.low > self.high).any():
@@ -85,10 +103,8 @@ class FastTokenizer:
         mask = np.ones(self.low.shape, bool) if normalize_mask is None else np.asarray(normalize_mask)
         if mask.dtype != np.bool_ or mask.shape != self.low.shape:
             raise ValueError(f"normalize_mask must be a bool array of shape {self.low.shape}; got {mask!r}")
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not np.isfinite(scale) or scale <= 0:
-            raise ValueError(f"scale must be a finite number > 0; got {scale!r}")
         self.normalize_mask = mask.copy()
-        self.scale = float(scale)
+        self.scale = _scale(scale)
         self.min_coeff, self.max_coeff = _int(min_coeff, "min_coeff"), _int(max_coeff, "max_coeff")
         if self.max_coeff < self.min_coeff or self.alphabet_size > MAX_ALPHABET:
             raise ValueError(
@@ -98,6 +114,14 @@ class FastTokenizer:
         check_alphabet(bpe, self.alphabet_size)
         self.bpe = bpe
         self._pieces = pieces_by_id(bpe)
+        if reconstruction_error is not None and (
+            not isinstance(reconstruction_error, ReconstructionStats)
+            or reconstruction_error.max_abs.shape != self.low.shape
+            or reconstruction_error.rms.shape != self.low.shape
+        ):
+            raise ValueError(f"reconstruction_error must be a ReconstructionStats of ({self.action_dim},) arrays; "
+                             f"got {reconstruction_error!r}")
+        self.reconstruction_error: ReconstructionStats | None = reconstruction_error
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -107,39 +131,56 @@ class FastTokenizer:
         *,
         scale: float = 10.0,
         vocab_size: int = 1024,
-        stats: Mapping[str, Sequence[float]] | None = None,
+        stats: Mapping[str, Sequence[float]] | Any = None,
         bounds: str = "q01_q99",
         std_k: float = DEFAULT_STD_K,
         normalize_mask: Any = None,
         min_frequency: int = 2,
+        max_reconstruction_error: float | Sequence[float] | None = None,
     ) -> FastTokenizer:
-        """Fit bounds (from ``stats`` if given, else from the chunks' actions) and train the BPE.
+        """Fit bounds (from ``stats`` if given, else from the chunks' actions), train the BPE, measure the error.
+
+        The fitted tokenizer's ``reconstruction_error`` holds, per action dimension, the
+        largest absolute and the RMS error of ``decode(encode(x)) - x`` over the fitting
+        chunks, in action units (``_fast_recon.py``); ``save`` keeps it.
 
         Args:
             chunks: float ``(n, H, D)`` action chunks in action units (numpy or torch).
             scale: DCT scale (the paper's default is 10).
             vocab_size: BPE vocabulary size (alphabet + merges), >= the alphabet size
                 ``max_coeff - min_coeff + 1`` seen in the data (FAST uses 1024 or 2048).
-            stats, bounds, std_k, normalize_mask: as ``BinningTokenizer.fit`` / ``from_actions``.
+            stats: a LeRobot stats mapping, or a raw ``(N, D)`` action table (as ``BinningTokenizer.fit``).
+            bounds, std_k, normalize_mask: as ``BinningTokenizer.fit`` / ``from_actions``.
             min_frequency: a pair must occur this often to be merged (public FAST: 2).
+            max_reconstruction_error: optional tolerance in action units, one number or ``D``
+                of them: fit raises when some dimension's max absolute error exceeds it.
 
         Raises:
-            ValueError: chunks not ``(n, H, D)`` finite, or ``vocab_size`` below the alphabet size
-                (the message gives both; lower ``scale`` or raise ``vocab_size``).
+            CoefficientRangeError: the integer coefficients span more than ``MAX_ALPHABET``
+                values (the message gives the limit, the range found and a scale that fits).
+            ReconstructionToleranceError: ``max_reconstruction_error`` exceeded (names the dimension).
+            TypeError: ``stats`` neither a mapping nor an array.
+            ValueError: chunks not ``(n, H, D)`` finite, bad ``scale``, or ``vocab_size`` below the
+                alphabet size (the message gives both; lower ``scale`` or raise ``vocab_size``).
         """
         arr, _ = as_float_array(chunks, name="chunks")
         if arr.ndim != 3 or 0 in arr.shape:
             raise ValueError(f"chunks must have shape (n, H, D) with n, H, D >= 1; got shape {arr.shape}")
         n, horizon, dim = arr.shape
-        vocab_size = _int(vocab_size, "vocab_size", 1)
+        vocab_size, scale = _int(vocab_size, "vocab_size", 1), _scale(scale)
+        tolerance = None if max_reconstruction_error is None else tolerance_vector(max_reconstruction_error, dim)
         if stats is not None:
-            low, high = bounds_from_stats(stats, bounds, std_k)
+            low, high = bounds_from_stats_or_actions(stats, bounds, std_k)
         else:
             low, high = bounds_from_actions(arr.reshape(n * horizon, dim), bounds, std_k)
         mask = np.ones(dim, bool) if normalize_mask is None else normalize_mask
         norm = np.clip(normalize_unclipped(arr, low, high, mask)[0], -1.0, 1.0)
-        coeffs = np.rint(dct_time(norm) * float(scale)).astype(np.int64)
+        coeffs = np.rint(dct_time(norm) * scale).astype(np.int64)
         lo, hi = int(coeffs.min()), int(coeffs.max())
+        if hi - lo + 1 > MAX_ALPHABET:  # |dct| <= sqrt(H) for inputs in [-1, 1]: range <= 2 sqrt(H) scale + 1
+            max_scale = float(np.floor((MAX_ALPHABET - 2) / (2.0 * np.sqrt(horizon)) * 1000) / 1000)
+            raise CoefficientRangeError(min_coeff=lo, max_coeff=hi, limit=MAX_ALPHABET, scale=scale,
+                                        max_scale=max_scale)
         if hi - lo + 1 > vocab_size:
             raise ValueError(
                 f"vocab_size must be >= the coefficient alphabet size {hi - lo + 1} (coefficients {lo}..{hi} "
@@ -147,7 +188,13 @@ class FastTokenizer:
             )
         strings = rows_to_strings(coeffs.reshape(n, -1) - lo)
         bpe = train_bpe(strings, alphabet_size=hi - lo + 1, vocab_size=vocab_size, min_frequency=min_frequency)
-        return cls(low, high, bpe=bpe, scale=scale, min_coeff=lo, max_coeff=hi, horizon=horizon, normalize_mask=mask)
+        tok = cls(low, high, bpe=bpe, scale=scale, min_coeff=lo, max_coeff=hi, horizon=horizon, normalize_mask=mask)
+        # coeffs lie in [lo, hi], so encode clips nothing more: decode(encode(arr)) == reconstruct(coeffs)
+        tok.reconstruction_error = measure(tok.reconstruct(coeffs), arr)
+        if tolerance is not None:
+            bound_clip = np.abs(unnormalize(norm, tok.low, tok.high, tok.normalize_mask) - arr).max(axis=(0, 1))
+            check_tolerance(tok.reconstruction_error, tolerance, bound_clip, scale)
+        return tok
 
     # ------------------------------------------------------------------ properties
     @property
@@ -309,5 +356,8 @@ class FastTokenizer:
     def __repr__(self) -> str:
         return (
             f"FastTokenizer(action_dim={self.action_dim}, horizon={self.horizon}, scale={self.scale}, "
-            f"vocab_size={self.vocab_size}, alphabet={self.min_coeff}..{self.max_coeff})"
+            f"vocab_size={self.vocab_size}, alphabet={self.min_coeff}..{self.max_coeff}"
+            + ("" if self.reconstruction_error is None else
+               f", max_abs_error={np.array2string(self.reconstruction_error.max_abs, precision=4)}")
+            + ")"
         )

@@ -28,8 +28,15 @@ MAX_ALPHABET = 0xD800 - CHAR_BASE
 
 
 def rows_to_strings(codes_nl: np.ndarray) -> list[str]:
-    """Non-negative int codes ``(n, L)`` (coefficient - min_coeff) -> n strings of length L."""
+    """Non-negative int codes ``(n, L)`` (coefficient - min_coeff) -> n strings of length L.
+
+    Raises:
+        ValueError: a code outside ``[0, MAX_ALPHABET)`` (it would be a surrogate or past U+10FFFF);
+            ``FastTokenizer.fit`` checks the range first and raises ``CoefficientRangeError``.
+    """
     n, length = codes_nl.shape
+    if codes_nl.size and (codes_nl.min() < 0 or codes_nl.max() >= MAX_ALPHABET):
+        raise ValueError(f"coefficient codes must lie in [0, {MAX_ALPHABET}); got {codes_nl.min()}..{codes_nl.max()}")
     text = (codes_nl + CHAR_BASE).astype("<u4").tobytes().decode("utf-32-le")
     return [text[i * length : (i + 1) * length] for i in range(n)]
 

@@ -1,4 +1,9 @@
-"""JSON layout of ``FastTokenizer`` (format ``lf-tokenize-action/fast``, version 1) and token-row plumbing."""
+"""JSON layout of ``FastTokenizer`` (format ``lf-tokenize-action/fast``, version 1) and token-row plumbing.
+
+``reconstruction_error`` (``{"max_abs": [D], "rms": [D], "chunks": n}``, written by
+``fit``) is optional: files without it load with ``None``, and older
+readers ignore it (it changes no encoding).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ._arrays import is_torch_tensor, to_numpy
+from ._fast_recon import ReconstructionStats
 from ._io import check_header
 
 FORMAT = "lf-tokenize-action/fast"
@@ -30,6 +36,7 @@ def fast_to_dict(tok: Any) -> dict[str, Any]:
         "high": tok.high.tolist(),
         "normalize_mask": tok.normalize_mask.tolist(),
         "bpe": json.loads(tok.bpe.to_str()),
+        **({} if tok.reconstruction_error is None else {"reconstruction_error": tok.reconstruction_error.to_dict()}),
     }
 
 
@@ -47,7 +54,10 @@ def fast_kwargs_from_dict(d: Mapping[str, Any], *, where: str) -> dict[str, Any]
     except Exception as err:  # tokenizers raises a plain Exception
         raise ValueError(f"{where}: field 'bpe' is not a valid tokenizers JSON: {err}") from err
     kwargs = {k: d[k] for k in ("scale", "horizon", "min_coeff", "max_coeff", "low", "high")}
-    return {**kwargs, "bpe": bpe, "normalize_mask": np.array(mask, dtype=bool)}
+    recon = d.get("reconstruction_error")
+    if recon is not None:
+        recon = ReconstructionStats.from_dict(recon, where=where, action_dim=len(mask))
+    return {**kwargs, "bpe": bpe, "normalize_mask": np.array(mask, dtype=bool), "reconstruction_error": recon}
 
 
 def token_rows(token_lists: Any) -> tuple[list[np.ndarray], Any]:
