@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 from . import _lerobot_format as fmt
+from ._staged import staged_output
 from ._stats import compute_stats, image_stats_from_histograms, pixel_histograms
 
 __all__ = ["write_lerobot_v3"]
@@ -59,6 +60,7 @@ def _column(key: str, ft: dict, value, n: int, ep: int) -> tuple[pa.Array, np.nd
     return pa.FixedSizeListArray.from_arrays(pa.array(arr.reshape(-1)), shape[0]), arr
 
 
+@staged_output("write_lerobot_v3")
 def write_lerobot_v3(
     out_dir: str | Path,
     episodes: Iterable[dict],
@@ -91,7 +93,9 @@ def write_lerobot_v3(
         chunks_size: files per ``chunk-XXX`` folder.
 
     Returns:
-        ``Path(out_dir)``. ``meta/info.json`` is written last.
+        ``Path(out_dir)``. Everything is written into a temporary sibling folder that is
+        renamed to ``out_dir`` at the end (``meta/info.json`` last); if writing fails, the
+        temporary folder is removed and ``out_dir`` is left as it was.
 
     Raises:
         FileExistsError: ``out_dir`` exists and is not empty.
@@ -101,9 +105,7 @@ def write_lerobot_v3(
         >>> write_lerobot_v3(tmp, [{"task": "t", "frames": {"action": np.zeros((3, 4), np.float32)}}],
         ...                  fps=10, features={"action": {"dtype": "float32", "shape": [4]}})  # doctest: +SKIP
     """
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"write_lerobot_v3: out_dir {out} exists and is not empty")
+    out = Path(out_dir)  # the temporary sibling folder (staged_output)
     all_features = _check_features(features)
     user_keys = [k for k in all_features if k not in fmt.DEFAULT_FEATURES]
     schema = pa.schema([(k, fmt.arrow_type(all_features[k])) for k in all_features],

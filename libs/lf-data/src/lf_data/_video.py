@@ -18,7 +18,7 @@ import numpy as np
 
 from ._errors import DataError
 
-__all__ = ["VideoInfo", "count_frames", "read_video_frames", "write_video"]
+__all__ = ["VideoInfo", "count_frames", "read_video_frames", "video_stream_info", "write_video"]
 
 
 def _av():
@@ -75,6 +75,32 @@ def count_frames(path: str | Path, *, field: str | None = None, episode: object 
             n = sum(1 for p in c.demux(s) if p.size)
         fps = Fraction(s.average_rate) if s.average_rate else Fraction(s.base_rate)
         return VideoInfo(n, fps, int(s.codec_context.height), int(s.codec_context.width))
+
+
+def video_stream_info(path: str | Path) -> dict:
+    """The ``info`` block LeRobot keeps per video feature in ``meta/info.json``, read from the file itself.
+
+    Keys as LeRobot's ``get_video_info`` writes them: ``video.height``, ``video.width``,
+    ``video.codec`` (the codec's canonical name, e.g. ``h264``, ``av1``), ``video.pix_fmt``
+    (the pixel format of the encoded stream, e.g. ``yuv420p``, or ``gbrp`` for H.264 RGB),
+    ``video.is_depth_map`` (False), ``video.fps`` (int), ``video.channels`` (components
+    of the pixel format) and ``has_audio``.
+
+    Raises:
+        DataError: the file is missing (``missing_file``) or has no video stream (``invalid``).
+    """
+    av = _av()
+    path = Path(path)
+    with _open(path, None, None) as c:
+        if not c.streams.video:
+            raise DataError(f"{path}: no video stream", file=path, reason="invalid")
+        s = c.streams.video[0]
+        ctx = s.codec_context
+        pix_fmt = ctx.pix_fmt
+        return {"video.height": int(ctx.height), "video.width": int(ctx.width),
+                "video.codec": ctx.codec.canonical_name, "video.pix_fmt": pix_fmt, "video.is_depth_map": False,
+                "video.fps": int(s.base_rate), "video.channels": len(av.VideoFormat(pix_fmt).components),
+                "has_audio": bool(c.streams.audio)}
 
 
 def read_video_frames(path: str | Path, indices: Sequence[int], *, fps: float | None = None,
