@@ -48,3 +48,27 @@ def test_convert_failure_then_retry(tmp_path):
     assert res.exit_code == 0, res.output
     rep = json.loads(runner.invoke(app, ["data", "inspect", str(out), "--json"]).stdout)
     assert (rep["format"], rep["episodes"], rep["frames"], rep["problems"]) == ("lerobot-v3.0", 3, 15, [])
+
+
+def test_lf_run_on_v21_points_to_lf_data_convert(tmp_path, tiny_config):
+    """`lf run` on a LeRobot v2.1 dataset names the exact `lf data convert <in> <out>` command (was: LeRobot's
+    script). Oracle: that command, run as printed, converts the dataset."""
+    import shlex
+
+    rng = np.random.default_rng(0)
+    feats = {"observation.image": {"dtype": "video", "shape": [32, 32, 3]},
+             "observation.state": {"dtype": "float32", "shape": [39]}, "action": {"dtype": "float32", "shape": [4]}}
+    eps = [{"task": "reach the goal", "frames": {
+        "observation.image": rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8),
+        "observation.state": rng.normal(size=(n, 39)).astype(np.float32),
+        "action": rng.uniform(-1, 1, (n, 4)).astype(np.float32)}} for n in (6, 7)]
+    root = write_lerobot_video(tmp_path / "my data", eps, version="v2.1", fps=10, features=feats)
+    res = runner.invoke(app, ["run", str(tiny_config), "--set", "data.source='lerobot'", "--set",
+                              f"data.path='{root}'", "--set", "data.tasks=['*']"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "'codebase_version' is 'v2.1'" in text and "LeRobot's" not in text
+    command = text.split("convert it with `")[1].split("`")[0]
+    assert command == f"lf data convert {shlex.quote(str(root))} {shlex.quote(str(root) + '-v3.0')}"
+    res = runner.invoke(app, shlex.split(command)[1:])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "my data-v3.0" / "meta/info.json").is_file()

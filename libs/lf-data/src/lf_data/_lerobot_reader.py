@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import torch
 from PIL import Image
 
 from . import _lerobot_format as fmt
+from ._lerobot_meta import V21_VERSIONS
 from ._windows import action_window, check_index
 
 __all__ = ["LeRobotDataset", "DEFAULT_PRELOAD_MAX_BYTES"]
@@ -58,6 +60,15 @@ def _to_numpy(col: pa.ChunkedArray, width: int | None) -> np.ndarray:
 
 def _decode(png: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+
+
+def convert_hint(root: Path, version: object) -> str:
+    """What to do with a LeRobot dataset of another ``codebase_version``: the exact ``lf data convert`` command."""
+    if version in V21_VERSIONS:
+        dst = root.with_name(f"{root.name}-v3.0")
+        return (f"convert it with `lf data convert {shlex.quote(str(root))} {shlex.quote(str(dst))}` "
+                f"(LeRobot {version} -> v3.0, into a new folder) and read that folder instead")
+    return "lf reads LeRobot v3.0 and converts v2.0 / v2.1 with `lf data convert <in> <out>`"
 
 
 class LeRobotDataset(torch.utils.data.Dataset):
@@ -121,7 +132,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         version = self.info.get("codebase_version")
         if version != fmt.CODEBASE_VERSION:
             raise ValueError(f"{info_path}: field 'codebase_version' is {version!r}, expected "
-                             f"{fmt.CODEBASE_VERSION!r} (convert older datasets with LeRobot's v30 script)")
+                             f"{fmt.CODEBASE_VERSION!r}; {convert_hint(self.root, version)}")
         feats = self.info.get("features", {})
         for key in (image_key, state_key, action_key):
             if key not in feats:
