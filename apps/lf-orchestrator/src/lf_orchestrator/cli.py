@@ -19,6 +19,7 @@ from rich.table import Table
 
 from lf_orchestrator import __version__
 from lf_orchestrator._console import make_console
+from lf_orchestrator._cpu_numerics import cpu_numerics, pin_cpu_isa
 from lf_orchestrator.config import DEFAULT_NAME, ConfigError, check_resume_overrides, json_schema, load_config, to_toml
 from lf_orchestrator.convert_cmd import convert_app
 from lf_orchestrator.data_cmd import data_app
@@ -72,6 +73,10 @@ def _version(value: bool) -> None:
 def main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                               help="Print the version and exit.")] = False):
     """LoongForge (lf)."""
+    try:  # before any command imports torch: repeatable CPU numerics across machines of one kind
+        pin_cpu_isa()
+    except ValueError as err:
+        _fail(str(err))
 
 
 def _threads(n: int) -> None:
@@ -266,7 +271,8 @@ def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = 
             write_text_atomic(run_dir / "plan.json", json.dumps(
                 {"plan": trainer.plan.describe(), "world_size": ctx.world_size,
                  "device": str(ctx.device), "precision": str(trainer.precision.compute_dtype),
-                 "recomputed_blocks": trainer.recomputed, **_fused_count(cfg, trainer.model)}))
+                 "recomputed_blocks": trainer.recomputed, **_fused_count(cfg, trainer.model),
+                 "cpu_numerics": cpu_numerics()}))
             console.print(f"plan: {trainer.plan.describe()} on {ctx.device}, "
                           f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters")
         progress.start(cfg.train.steps, trainer.step)

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from lf_memory import resolve_precision
+from lf_orchestrator._cpu_numerics import cpu_numerics
 from lf_orchestrator.checkpoint import write_text_atomic
 from lf_orchestrator.families._recompute import plan_line
 from lf_orchestrator.families._tune import tuned_plan_of
@@ -24,7 +25,8 @@ def write_plan(trainer: RecipeTrainer) -> None:
     if trainer.ctx.is_main:
         write_text_atomic(trainer.run_dir / "plan.json", json.dumps(
             {"plan": trainer.plan.describe(), "world_size": trainer.ctx.world_size, "device": str(trainer.ctx.device),
-             "precision": str(trainer.precision.compute_dtype), **trainer.plan_info}, indent=1, default=str))
+             "precision": str(trainer.precision.compute_dtype), **trainer.plan_info, "cpu_numerics": cpu_numerics()},
+            indent=1, default=str))
 
 
 def _measure_plans(cfg, run_dir: Path, ctx: DistContext, family, console):
