@@ -79,7 +79,7 @@ def test_cli_process_reports_bad_key_in_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "lf_orchestrator", "run", str(bad)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"error: {bad}: unknown key 'modle'"]
+    assert proc.stderr.strip().splitlines() == [f"error: {bad}: unknown key 'modle'; did you mean 'model'?"]
 
 
 def test_version_and_schema():

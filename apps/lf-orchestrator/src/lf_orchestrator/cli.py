@@ -367,8 +367,16 @@ def config_show(config: Annotated[Optional[Path], typer.Argument(help="Run confi
 
 
 @config_app.command("schema")
-def config_schema():
-    """Print the JSON Schema of run configs."""
+def config_schema(keys: Annotated[bool, typer.Option(
+        "--keys", help="List every key (section.key) with its type, default and description instead.")] = False):
+    """Print the JSON Schema of run configs, each field's description included (or, with --keys, a list)."""
+    if keys:
+        from lf_orchestrator.config import Config
+        from lf_orchestrator.config_schema import describe_keys
+
+        for key, kind, default, doc in describe_keys(Config):
+            print(f"{key}: {kind} = {default}\n" + "\n".join(f"    {line}" for line in doc.splitlines()))
+        return
     print(json.dumps(json_schema(), indent=1))
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from types import SimpleNamespace
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import msgspec
 import typer
@@ -47,8 +47,8 @@ from lf_orchestrator.plan_cmd import (
 
 PlanOpt = Annotated[Optional[str], typer.Option(
     help="Plan as key=value, e.g. 'dp=8,zero=3,tp=2,mb=1' (default: the config's, else dp=1).")]
-RecomputeOpt = Annotated[Optional[str], typer.Option(
-    help="none, selective, full, every_k or auto (default: the config's memory.recompute, else none).")]
+RecomputeOpt = Annotated[Optional[Literal["none", "selective", "full", "every_k", "auto"]], typer.Option(
+    help="Activation recomputation (default: the config's memory.recompute, else none).")]
 
 
 def _plan(cfg, graph, spec: Optional[str], gpus: Optional[int], gpu: str, gpus_per_node, inter: float,

@@ -14,7 +14,7 @@ import importlib
 import inspect
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import typer
 from rich.table import Table
@@ -37,7 +37,7 @@ GpusOpt = Annotated[Optional[int], typer.Option(min=1, help="GPUs to plan for (d
 PerNodeOpt = Annotated[Optional[int], typer.Option(help="GPUs per node (NVLink domain); default min(gpus, 8).")]
 GpuOpt = Annotated[str, typer.Option(help="GPU model when planning ahead: h200, h100, a100-80g, ...")]
 InterOpt = Annotated[float, typer.Option(help="Network bandwidth between nodes per GPU, Gbit/s.")]
-PrecisionOpt = Annotated[str, typer.Option(help="Compute precision: bf16, fp16 or fp32.")]
+PrecisionOpt = Annotated[Literal["bf16", "fp16", "fp32"], typer.Option(help="Compute precision.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 CalibrateOpt = Annotated[bool, typer.Option("--calibrate", help="Measure this GPU's matmul, attention and copy "
                                             "rates first (a few seconds) and cache them for later plans.")]
