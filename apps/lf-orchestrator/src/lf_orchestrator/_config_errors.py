@@ -1,9 +1,12 @@
-"""Config errors: msgspec's validation messages rewritten as one line that names the file and the dotted key."""
+"""Config errors: msgspec's validation messages rewritten as one line that names the file and the dotted key; and
+the notes about values lf adjusts (:func:`fit_warmup`)."""
 
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import sys
 import typing
 from typing import Any, Literal
 
@@ -125,3 +128,23 @@ def explain(err: msgspec.ValidationError, where: str, root: type, tree: dict[str
     if choices is not None:  # enum fields: list what is accepted
         return ConfigError(f"{where}: {at}: expected {_expected_one_of(choices)}, got {_lookup(tree or {}, at)!r}")
     return ConfigError(f"{where}: {at or 'config'}: {msg.lower().replace('`', '')}")
+
+
+def note(message: str) -> None:
+    """Print ``note: <message>`` on stderr: a value lf adjusted. Once per job: only rank 0 of a torchrun job
+    (``RANK``) prints it."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"note: {message}", file=sys.stderr, flush=True)
+
+
+def fit_warmup(cfg: Any, where: str) -> Any:
+    """``cfg`` (a :class:`lf_orchestrator.config.Config`) with ``train.warmup_steps`` clamped to ``train.steps``
+    when it is longer (a short run of a config written for a long one: ``--set train.steps=20`` on the default's
+    100 warm-up steps), saying so with a :func:`note` naming both keys. The clamped value is what the run trains
+    with and what its ``config.toml`` (new or resumed) records."""
+    t = cfg.train
+    if t.steps < 1 or t.warmup_steps <= t.steps:  # steps < 1: check_config names train.steps
+        return cfg
+    note(f"{where}: train.warmup_steps = {t.warmup_steps} is more than train.steps = {t.steps}; warm-up clamped "
+         f"to train.warmup_steps = {t.steps} (the learning rate rises for the whole run)")
+    return msgspec.structs.replace(cfg, train=msgspec.structs.replace(t, warmup_steps=t.steps))

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from lf_orchestrator._config_errors import ConfigError, explain, struct_at, unknown_key
+from lf_orchestrator._config_errors import ConfigError, explain, fit_warmup, struct_at, unknown_key
 from lf_orchestrator.families.sections import CorpusSection, VAESection, VideoSection, VLMSection
 
 ALL_TASKS = "*"
@@ -123,7 +123,7 @@ class TrainSection(_Section):
     min_lr_ratio: float = 0.05
     """Cosine schedule floor as a fraction of ``lr``."""
     warmup_steps: int = 100
-    """Linear warm-up steps."""
+    """Linear warm-up steps; more than ``steps`` is clamped to ``steps`` (a note says so; config.toml records it)."""
     weight_decay: float = 0.01
     """AdamW weight decay on matrices."""
     grad_clip: float = 1.0
@@ -301,7 +301,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         cfg = msgspec.convert(tree, Config)
     except msgspec.ValidationError as err:
         raise explain(err, where, Config, tree) from None
-    return check_config(cfg, where, check_paths=check_paths)
+    return check_config(fit_warmup(cfg, where), where, check_paths=check_paths)
 
 
 def _require(ok: bool, where: str, key: str, expected: str, got: Any) -> None:
