@@ -19,6 +19,7 @@ from rich.table import Table
 
 from lf_orchestrator import __version__
 from lf_orchestrator._console import make_console
+from lf_orchestrator._options import SetOpt
 from lf_orchestrator.config import DEFAULT_NAME, ConfigError, check_resume_overrides, json_schema, load_config, to_toml
 from lf_orchestrator.convert_cmd import convert_app
 from lf_orchestrator.data_cmd import data_app
@@ -45,10 +46,6 @@ app.command("memory")(memory_cmd)
 app.command()(launch)
 app.command("sample")(sample_cmd)
 console = make_console(stderr=True)
-
-SetOpt = Annotated[Optional[list[str]], typer.Option(
-    "--set", help="Override a config value: section.key=value (TOML value).")]
-
 
 PREEMPTED_EXIT = 143
 """Exit code of a run stopped by SIGTERM after saving (128 + SIGTERM, as a shell reports it; SIGINT: 130)."""

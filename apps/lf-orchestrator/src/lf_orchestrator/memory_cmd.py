@@ -24,6 +24,7 @@ import typer
 from rich.table import Table
 
 from lf_orchestrator._console import make_console
+from lf_orchestrator._options import SetOpt
 from lf_orchestrator.plan_cmd import (
     GIB,
     ConfigArg,
@@ -126,9 +127,9 @@ def memory_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt
                frames: FramesOpt = None, height: HeightOpt = None, width: WidthOpt = None, plan: PlanOpt = None,
                recompute: RecomputeOpt = None, gpus: GpusOpt = None, gpus_per_node: PerNodeOpt = None,
                gpu: GpuOpt = "h100", inter_node_gbps: InterOpt = 400.0, precision: PrecisionOpt = "bf16",
-               as_json: JsonOpt = False):
+               as_json: JsonOpt = False, overrides: SetOpt = None):
     """Peak memory per GPU of one plan, by kind, and whether it fits the GPU (a run CONFIG's own plan,
-    batch and recompute unless --plan / --recompute say otherwise)."""
+    batch and recompute unless --plan / --recompute say otherwise; --set overrides its values, as for lf run)."""
     from lf_memory._estimate import estimate_memory
     from lf_orchestrator.config import ConfigError
     from lf_parallel._cluster import ClusterError
@@ -136,8 +137,8 @@ def memory_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt
 
     counts = None
     try:
-        cfg = load_run_config(config)
-        graph, tokens, _ = resolve_model(config, recipe, size, seq, frames, height, width)
+        cfg = load_run_config(config, overrides, recipe)
+        graph, tokens, _ = resolve_model(config, recipe, size, seq, frames, height, width, run_cfg=cfg)
         parsed, _, cluster = _plan(cfg, graph, plan, gpus, gpu, gpus_per_node, inter_node_gbps, tokens, precision)
         mode = recompute or (cfg.memory.recompute if cfg is not None else "none")
         if mode == "auto":

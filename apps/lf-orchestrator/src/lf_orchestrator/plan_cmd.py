@@ -20,6 +20,7 @@ import typer
 from rich.table import Table
 
 from lf_orchestrator._console import make_console
+from lf_orchestrator._options import SetOpt
 
 console = make_console(stderr=True)
 GIB = 1024 ** 3
@@ -100,28 +101,29 @@ def _run_sample(cfg) -> tuple[int | None, dict]:
     return None, {}
 
 
-def load_run_config(config: Optional[Path]):
-    """The decoded run config, or None without one (ConfigError from the file). The run's data need not exist
-    yet: planning sizes the sample from the config alone (:func:`_run_sample`)."""
-    if config is None:
-        return None
-    from lf_orchestrator.config import load_config
+def load_run_config(config: Optional[Path], overrides: Optional[list[str]] = None, recipe: Optional[str] = None):
+    """The decoded run config with its ``--set`` overrides, or None without one (ConfigError from the file or the
+    overrides; :func:`._options.load_with_overrides`). The run's data need not exist yet: planning sizes the
+    sample from the config alone (:func:`_run_sample`)."""
+    from lf_orchestrator._options import load_with_overrides
 
-    return load_config(config, check_paths=False)
+    return load_with_overrides(config, overrides, recipe=recipe)
 
 
 def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[str], seq: Optional[int],
-                  frames: Optional[int] = None, height: Optional[int] = None, width: Optional[int] = None):
+                  frames: Optional[int] = None, height: Optional[int] = None, width: Optional[int] = None, *,
+                  run_cfg=None):
     """(IR graph, tokens per sample of the main component, global batch from the config or None).
 
-    With a run CONFIG the graph is sized by what ``lf run`` trains (:func:`_run_sample`); ``--seq`` and, for
-    wan_dit / wan_vae, ``--frames`` / ``--height`` / ``--width`` override it.
+    With a run CONFIG (or ``run_cfg``, the config already loaded with its ``--set`` overrides) the graph is sized
+    by what ``lf run`` trains (:func:`_run_sample`); ``--seq`` and, for wan_dit / wan_vae, ``--frames`` /
+    ``--height`` / ``--width`` override it.
 
     Raises:
         ValueError: no model given, unknown recipe/size, or a bad video size; ConfigError from the config.
     """
     overrides, batch, graph_kw = {}, None, {}
-    cfg = load_run_config(config)
+    cfg = run_cfg if run_cfg is not None else load_run_config(config)
     if cfg is not None:
         same_recipe = recipe in (None, cfg.model.recipe)
         recipe, size = recipe or cfg.model.recipe, size or cfg.model.size
@@ -207,12 +209,13 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
              global_batch: BatchOpt = None, gpus: GpusOpt = None, gpus_per_node: PerNodeOpt = None,
              gpu: GpuOpt = "h100", inter_node_gbps: InterOpt = 400.0, precision: PrecisionOpt = "bf16",
              top: Annotated[int, typer.Option(help="Plans to list.")] = 5, as_json: JsonOpt = False,
-             calibrate: CalibrateOpt = False):
+             calibrate: CalibrateOpt = False, overrides: SetOpt = None):
     """Rank parallel plans by predicted step time: tokens/s/GPU, MFU, peak memory, and the winner's breakdown.
 
-    With a run CONFIG the ranking is the one ``lf run`` (``parallel.plan = "auto"``) picks from: micro-batches
-    up to ``parallel.micro_batch`` (:func:`.families._plan.rank_plans`). The breakdown's ``host_launch`` is the
-    time the host spends issuing kernels; it overlaps compute, so a host-bound step holds it instead of compute.
+    With a run CONFIG (``--set`` overrides its values, as for ``lf run``) the ranking is the one ``lf run``
+    (``parallel.plan = "auto"``) picks from: micro-batches up to ``parallel.micro_batch``
+    (:func:`.families._plan.rank_plans`). The breakdown's ``host_launch`` is the time the host spends issuing
+    kernels; it overlaps compute, so a host-bound step holds it instead of compute.
 
     The rates come from the calibration cache (``$LF_CACHE_DIR/calibration.json``, default ``~/.cache/lf``) when
     this machine's GPU is the cluster's model and was measured with this torch, else from the BENCH.md defaults;
@@ -228,10 +231,10 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
     if top < 1:
         _fail(f"--top must be >= 1, got {top}")
     try:
-        graph, tokens, batch = resolve_model(config, recipe, size, seq, frames, height, width)
+        run_cfg = load_run_config(config, overrides, recipe)
+        graph, tokens, batch = resolve_model(config, recipe, size, seq, frames, height, width, run_cfg=run_cfg)
         cluster = resolve_cluster(gpus, gpus_per_node, gpu, inter_node_gbps)
         batch = global_batch or batch or cluster.gpus
-        run_cfg = load_run_config(config)
         if calibrate:  # after the arguments are checked: a typo costs no measurement
             _calibrate(cluster)
         cal = calibration_for(cluster)
