@@ -101,6 +101,13 @@ def _run_sample(cfg) -> tuple[int | None, dict]:
     return None, {}
 
 
+_SAMPLE_FROM = {"llama3": "the run config's corpus.seq_len",
+                "qwen2_vl": "the run config's sample: one vlm.image_size image and the prompt",
+                "wan_dit": "the run config's sample: the latent tokens of one video.frames clip",
+                "wan_vae": "the run config's sample: one video.frames clip of data.image_size"}
+"""Where :func:`_run_sample` takes a run config's tokens per sample from, by recipe (what the commands print)."""
+
+
 def load_run_config(config: Optional[Path], overrides: Optional[list[str]] = None, recipe: Optional[str] = None):
     """The decoded run config with its ``--set`` overrides, or None without one (ConfigError from the file or the
     overrides; :func:`._options.load_with_overrides`). The run's data need not exist yet: planning sizes the
@@ -112,17 +119,19 @@ def load_run_config(config: Optional[Path], overrides: Optional[list[str]] = Non
 
 def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[str], seq: Optional[int],
                   frames: Optional[int] = None, height: Optional[int] = None, width: Optional[int] = None, *,
-                  run_cfg=None):
+                  run_cfg=None, seq_from: Optional[list[str]] = None):
     """(IR graph, tokens per sample of the main component, global batch from the config or None).
 
     With a run CONFIG (or ``run_cfg``, the config already loaded with its ``--set`` overrides) the graph is sized
     by what ``lf run`` trains (:func:`_run_sample`); ``--seq`` and, for wan_dit / wan_vae, ``--frames`` /
-    ``--height`` / ``--width`` override it.
+    ``--height`` / ``--width`` override it. Without either, a recipe that takes a sequence length gets its typical
+    training length (:func:`.ir_cmd.default_seq`: Llama 3 8,192, not its 131,072-token maximum). ``seq_from``, when
+    given, receives where the tokens per sample came from (the commands print it).
 
     Raises:
         ValueError: no model given, unknown recipe/size, or a bad video size; ConfigError from the config.
     """
-    overrides, batch, graph_kw = {}, None, {}
+    overrides, batch, graph_kw, source = {}, None, {}, "--seq" if seq is not None else ""
     cfg = run_cfg if run_cfg is not None else load_run_config(config)
     if cfg is not None:
         same_recipe = recipe in (None, cfg.model.recipe)
@@ -130,11 +139,14 @@ def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[
         overrides, batch = dict(cfg.model.overrides), cfg.train.global_batch
         if seq is None and same_recipe:
             seq, graph_kw = _run_sample(cfg)
+            source = _SAMPLE_FROM.get(recipe, "the recipe graph's sample")
     if not recipe or not size:
         raise ValueError("give a run CONFIG, or --recipe and --size (e.g. --recipe llama3 --size 70B)")
     module = _recipe(recipe)
     factory = getattr(module, f"{recipe}_config", None) or module.config
     cfg = factory(size, **overrides)
+    if recipe in ("wan_dit", "wan_vae") and (frames or height or width):
+        source = "--frames / --height / --width"
     if recipe == "wan_dit" and (frames or height or width):
         seq = module.video_tokens(cfg, frames, height, width)
     if recipe == "wan_vae" and (frames or height or width):
@@ -144,6 +156,12 @@ def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[
     takes_seq = "seq_len" in inspect.signature(module.build_graph).parameters
     if seq is not None and not takes_seq:
         raise ValueError(f"--seq: the {recipe} recipe's sequence length follows from its config")
+    if seq is None and takes_seq and not source:  # not the model's maximum, silently
+        from lf_orchestrator.ir_cmd import default_seq
+
+        seq, source = default_seq(recipe, cfg)
+    if seq_from is not None:
+        seq_from.append(source or "the recipe graph's sample")
     graph = module.build_graph(cfg, **({"seq_len": seq} if seq else {}), **graph_kw)
     from lf_memory._estimate_graph import graph_view
 
@@ -231,8 +249,9 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
     if top < 1:
         _fail(f"--top must be >= 1, got {top}")
     try:
-        run_cfg = load_run_config(config, overrides, recipe)
-        graph, tokens, batch = resolve_model(config, recipe, size, seq, frames, height, width, run_cfg=run_cfg)
+        run_cfg, seq_from = load_run_config(config, overrides, recipe), []
+        graph, tokens, batch = resolve_model(config, recipe, size, seq, frames, height, width, run_cfg=run_cfg,
+                                             seq_from=seq_from)
         cluster = resolve_cluster(gpus, gpus_per_node, gpu, inter_node_gbps)
         batch = global_batch or batch or cluster.gpus
         if calibrate:  # after the arguments are checked: a typo costs no measurement
@@ -254,7 +273,8 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
         for row, cand in zip(rows, result.ranked, strict=True):
             row["lf_run"] = runnable(cand.plan) or "yes"
     if as_json:
-        print(json.dumps({"model": graph.name, "tokens_per_sample": tokens, "global_batch": batch,
+        print(json.dumps({"model": graph.name, "tokens_per_sample": tokens, "tokens_per_sample_from": seq_from[0],
+                          "global_batch": batch,
                           "cluster": cluster.describe(), "calibration": cal.source, "considered": result.considered,
                           "over_memory": result.over_memory, "seconds": result.seconds, "plans": rows}))
         return
@@ -273,3 +293,14 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
               + " (host_launch overlaps compute + recompute: the step holds the larger)", highlight=False)
     out.print(f"{result.considered:,} plans considered, {result.over_memory:,} over memory, "
               f"{result.seconds:.1f} s; rates: {cal.source}", highlight=False)
+    print_sample_and_legend(out, tokens, seq_from[0], [r["plan"] for r in rows])
+
+
+def print_sample_and_legend(out, tokens: int, seq_from: str, plans: list[str]) -> None:
+    """The footer of `lf plan` / `lf memory`: where the tokens per sample came from and what the plan keys mean
+    (:func:`._plan_legend.plan_legend`)."""
+    from lf_orchestrator._plan_legend import plan_legend
+
+    hint = "" if seq_from.startswith("--") else " (--seq to change)"
+    out.print(f"tokens per sample: {tokens:,}, from {seq_from}{hint}", highlight=False)
+    out.print("plan keys:\n" + "\n".join(f"  {line}" for line in plan_legend(plans)), highlight=False)
