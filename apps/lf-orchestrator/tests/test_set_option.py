@@ -55,3 +55,13 @@ def test_plan_and_memory_apply_set_like_run():
     assert "unknown key 'parallel.micro_batc'; did you mean 'parallel.micro_batch'?" in bad.output
     refused = runner.invoke(app, ["plan", "--recipe", "llama3", "--size", "1B", "--set", "train.steps=2"])
     assert refused.exit_code == 2 and "--set changes a run CONFIG's values" in refused.output
+
+
+def test_plan_without_config_plans_the_default_with_the_overrides():
+    """Like `lf run --set ...`, `lf plan --set ...` without CONFIG reads the embedded default (the Meta-World VLA,
+    whose prefix-LM blocks the host-launch model could not count before); oracle: load_config(None, overrides)."""
+    from lf_orchestrator.config import load_config
+
+    out = _json(["plan", "--gpus", "1", "--top", "1", "--json", "--set", "train.global_batch=32"])
+    cfg = load_config(None, ["train.global_batch=32"])
+    assert (out["global_batch"], out["model"]) == (cfg.train.global_batch, cfg.model.recipe)

@@ -161,7 +161,8 @@ def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[
 
         seq, source = default_seq(recipe, cfg)
     if seq_from is not None:
-        seq_from.append(source or "the recipe graph's sample")
+        source = source or "the recipe graph's sample"
+        seq_from.append(source if source.startswith("--") or not takes_seq else f"{source} (--seq to change)")
     graph = module.build_graph(cfg, **({"seq_len": seq} if seq else {}), **graph_kw)
     from lf_memory._estimate_graph import graph_view
 
@@ -301,6 +302,5 @@ def print_sample_and_legend(out, tokens: int, seq_from: str, plans: list[str]) -
     (:func:`._plan_legend.plan_legend`)."""
     from lf_orchestrator._plan_legend import plan_legend
 
-    hint = "" if seq_from.startswith("--") else " (--seq to change)"
-    out.print(f"tokens per sample: {tokens:,}, from {seq_from}{hint}", highlight=False)
+    out.print(f"tokens per sample: {tokens:,}, from {seq_from}", highlight=False)
     out.print("plan keys:\n" + "\n".join(f"  {line}" for line in plan_legend(plans)), highlight=False)
