@@ -60,8 +60,9 @@ def did_you_mean(name: str, valid: typing.Iterable[str]) -> str:
 
 
 def unknown_key(root: type, at: str, field: str) -> str:
-    """``unknown key 'train.stepz'; did you mean 'steps'?``: the dotted key of the unknown ``field`` of the table
-    at ``at`` and the closest field name of ``root``'s struct there (the section names at the top level)."""
+    """``unknown key 'train.stepz'; did you mean 'train.steps'?``: the dotted key of the unknown ``field`` of the
+    table at ``at`` and the closest field of ``root``'s struct there (the section names at the top level), or the
+    fields it has when none is close."""
     key = ".".join(p for p in (at, field) if p)
     struct = struct_at(root, at)
     hint = did_you_mean(field, struct.__struct_fields__) if struct is not None else ""
