@@ -79,7 +79,7 @@ def test_cli_process_reports_bad_key_in_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "lf_orchestrator", "run", str(bad)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"error: {bad}: unknown key 'modle'"]
+    assert proc.stderr.strip().splitlines() == [f"error: {bad}: unknown key 'modle'; did you mean 'model'?"]
 
 
 def test_version_and_schema():
@@ -101,7 +101,7 @@ def test_early_checks_name_the_key():
              "model.overrides={dim={a=1}}":
                  "model.overrides.dim: expected bool | int | float | str | array, got object",
              "run.seed=-1": "run.seed: expected a value >= 0, got -1",
-             "train.warmup_steps=5000": "train.warmup_steps: expected at most train.steps (1500)",
+             "train.warmup_steps=-1": "train.warmup_steps: expected an integer >= 0, got -1",
              "run.name=''": "run.name: expected a non-empty folder name",
              "eval.seed=0": "eval.seed: expected a seed other than data.seed"}
     for override, message in cases.items():

@@ -1,8 +1,12 @@
-"""Config errors: msgspec's validation messages rewritten as one line that names the file and the dotted key."""
+"""Config errors: msgspec's validation messages rewritten as one line that names the file and the dotted key; and
+the notes about values lf adjusts (:func:`fit_warmup`)."""
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
+import sys
 import typing
 from typing import Any, Literal
 
@@ -32,6 +36,39 @@ def literal_choices(root: type, key: str) -> tuple[Any, ...] | None:
             return None
         tp = hints[part]
     return typing.get_args(tp) if typing.get_origin(tp) is Literal else None
+
+
+def struct_at(root: type, path: str) -> type | None:
+    """The msgspec struct at dotted ``path`` of struct ``root`` (``""``: ``root`` itself), or None when ``path``
+    does not lead to a struct."""
+    tp: Any = root
+    for part in filter(None, path.split(".")):
+        if not (isinstance(tp, type) and issubclass(tp, msgspec.Struct)):
+            return None
+        tp = typing.get_type_hints(tp).get(part)
+    return tp if isinstance(tp, type) and issubclass(tp, msgspec.Struct) else None
+
+
+def did_you_mean(name: str, valid: typing.Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` naming the closest of ``valid`` to the misspelled ``name``
+    (:func:`difflib.get_close_matches`), else ``"; expected one of ..."`` listing ``valid`` (sorted)."""
+    valid = sorted(valid)
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return "; expected one of " + ", ".join(repr(v) for v in valid)
+
+
+def unknown_key(root: type, at: str, field: str) -> str:
+    """``unknown key 'train.stepz'; did you mean 'train.steps'?``: the dotted key of the unknown ``field`` of the
+    table at ``at`` and the closest field of ``root``'s struct there (the section names at the top level), or the
+    fields it has when none is close."""
+    key = ".".join(p for p in (at, field) if p)
+    struct = struct_at(root, at)
+    hint = did_you_mean(field, struct.__struct_fields__) if struct is not None else ""
+    if hint.startswith("; did you mean") and at:  # the full dotted key, as it is written in --set
+        hint = hint.replace("mean '", f"mean '{at}.", 1)
+    return f"unknown key {key!r}{hint}"
 
 
 def _expected_one_of(choices: tuple[Any, ...]) -> str:
@@ -81,8 +118,7 @@ def explain(err: msgspec.ValidationError, where: str, root: type, tree: dict[str
     text = str(err)
     m = _UNKNOWN.match(text)
     if m:
-        key = ".".join(p for p in (m["at"], m["field"]) if p)
-        return ConfigError(f"{where}: unknown key '{key}'")
+        return ConfigError(f"{where}: {unknown_key(root, m['at'] or '', m['field'])}")
     m = _AT.match(text)
     raw_at = (m["at"] or "") if m else ""
     msg = m["msg"] if m else text
@@ -93,3 +129,23 @@ def explain(err: msgspec.ValidationError, where: str, root: type, tree: dict[str
     if choices is not None:  # enum fields: list what is accepted
         return ConfigError(f"{where}: {at}: expected {_expected_one_of(choices)}, got {_lookup(tree or {}, at)!r}")
     return ConfigError(f"{where}: {at or 'config'}: {msg.lower().replace('`', '')}")
+
+
+def note(message: str) -> None:
+    """Print ``note: <message>`` on stderr: a value lf adjusted. Once per job: only rank 0 of a torchrun job
+    (``RANK``) prints it."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"note: {message}", file=sys.stderr, flush=True)
+
+
+def fit_warmup(cfg: Any, where: str) -> Any:
+    """``cfg`` (a :class:`lf_orchestrator.config.Config`) with ``train.warmup_steps`` clamped to ``train.steps``
+    when it is longer (a short run of a config written for a long one: ``--set train.steps=20`` on the default's
+    100 warm-up steps), saying so with a :func:`note` naming both keys. The clamped value is what the run trains
+    with and what its ``config.toml`` (new or resumed) records."""
+    t = cfg.train
+    if t.steps < 1 or t.warmup_steps <= t.steps:  # steps < 1: check_config names train.steps
+        return cfg
+    note(f"{where}: train.warmup_steps = {t.warmup_steps} is more than train.steps = {t.steps}; warm-up clamped "
+         f"to train.warmup_steps = {t.steps} (the learning rate rises for the whole run)")
+    return msgspec.structs.replace(cfg, train=msgspec.structs.replace(t, warmup_steps=t.steps))

@@ -20,6 +20,7 @@ from rich.table import Table
 from lf_orchestrator import __version__
 from lf_orchestrator._console import make_console
 from lf_orchestrator._cpu_numerics import cpu_numerics, pin_cpu_isa
+from lf_orchestrator._options import SetOpt
 from lf_orchestrator.config import DEFAULT_NAME, ConfigError, check_resume_overrides, json_schema, load_config, to_toml
 from lf_orchestrator.convert_cmd import convert_app
 from lf_orchestrator.data_cmd import data_app
@@ -46,10 +47,6 @@ app.command("memory")(memory_cmd)
 app.command()(launch)
 app.command("sample")(sample_cmd)
 console = make_console(stderr=True)
-
-SetOpt = Annotated[Optional[list[str]], typer.Option(
-    "--set", help="Override a config value: section.key=value (TOML value).")]
-
 
 PREEMPTED_EXIT = 143
 """Exit code of a run stopped by SIGTERM after saving (128 + SIGTERM, as a shell reports it; SIGINT: 130)."""
@@ -373,8 +370,16 @@ def config_show(config: Annotated[Optional[Path], typer.Argument(help="Run confi
 
 
 @config_app.command("schema")
-def config_schema():
-    """Print the JSON Schema of run configs."""
+def config_schema(keys: Annotated[bool, typer.Option(
+        "--keys", help="List every key (section.key) with its type, default and description instead.")] = False):
+    """Print the JSON Schema of run configs, each field's description included (or, with --keys, a list)."""
+    if keys:
+        from lf_orchestrator.config import Config
+        from lf_orchestrator.config_schema import describe_keys
+
+        for key, kind, default, doc in describe_keys(Config):
+            print(f"{key}: {kind} = {default}\n" + "\n".join(f"    {line}" for line in doc.splitlines()))
+        return
     print(json.dumps(json_schema(), indent=1))
 
 

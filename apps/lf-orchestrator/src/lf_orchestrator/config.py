@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from lf_orchestrator._config_errors import ConfigError, explain
+from lf_orchestrator._config_errors import ConfigError, explain, fit_warmup, struct_at, unknown_key
 from lf_orchestrator.families.sections import CorpusSection, VAESection, VideoSection, VLMSection
 
 ALL_TASKS = "*"
@@ -28,6 +28,8 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 
 class RunSection(_Section):
+    """``[run]``: the run's name, output folder, seed and device."""
+
     name: str = "metaworld-vla"
     """Run name; the run folder is ``{out_dir}/{name}-{timestamp}``."""
     out_dir: str = "runs"
@@ -41,6 +43,9 @@ class RunSection(_Section):
 
 
 class DataSection(_Section):
+    """``[data]``: the dataset of the VLA recipes (``vla``, ``vla_flow``) and the Meta-World episodes the vlm /
+    video / video_vae families train on: where it comes from, its tasks and the sample layout."""
+
     source: Literal["metaworld", "lerobot"] = "metaworld"
     """``metaworld``: generate expert demonstrations into ``path`` if absent; ``lerobot``: read ``path``."""
     path: str = ".lf-cache/metaworld-vla"
@@ -69,6 +74,8 @@ class DataSection(_Section):
 
 
 class ActionTokenizerSection(_Section):
+    """``[action_tokenizer]``: how the ``vla`` recipe turns action chunks into tokens (lf-tokenize-action)."""
+
     kind: Literal["binning", "fast"] = "binning"
     """Action tokenizer (lf-tokenize-action): ``binning`` (one token per action value, OpenVLA) or ``fast``
     (DCT + BPE, a variable number of tokens per chunk and an end-of-action token, pi0-FAST)."""
@@ -86,6 +93,8 @@ class ActionTokenizerSection(_Section):
 
 
 class ModelSection(_Section):
+    """``[model]``: the IR recipe, its named size and field overrides."""
+
     recipe: Literal["vla", "vla_flow", "llama3", "qwen2_vl", "wan_dit", "wan_vae"] = "vla"
     """IR recipe: ``vla`` (action tokens, cross-entropy) or ``vla_flow`` (pi0-style flow-matching action expert);
     ``llama3`` / ``qwen2_vl`` / ``wan_dit`` / ``wan_vae`` train the llm / vlm / video / video_vae families
@@ -103,6 +112,8 @@ class ModelSection(_Section):
 
 
 class TrainSection(_Section):
+    """``[train]``: optimizer, schedule, checkpoints, fault handling, LoRA / freezing and profiling."""
+
     steps: int = 1500
     """Optimizer steps."""
     global_batch: int = 64
@@ -112,7 +123,7 @@ class TrainSection(_Section):
     min_lr_ratio: float = 0.05
     """Cosine schedule floor as a fraction of ``lr``."""
     warmup_steps: int = 100
-    """Linear warm-up steps."""
+    """Linear warm-up steps; more than ``steps`` is clamped to ``steps`` (a note says so; config.toml records it)."""
     weight_decay: float = 0.01
     """AdamW weight decay on matrices."""
     grad_clip: float = 1.0
@@ -149,6 +160,8 @@ class TrainSection(_Section):
 
 
 class MemorySection(_Section):
+    """``[memory]``: activation recomputation, offload and compute precision (lf-memory)."""
+
     recompute: Literal["none", "full", "selective", "every_k", "auto"] = "none"
     """Activation recomputation of transformer blocks (lf-memory ``apply_recompute``); ``auto``: the
     knapsack planner (``plan_recompute``) picks per block under ``memory.budget_gib``."""
@@ -164,6 +177,8 @@ class MemorySection(_Section):
 
 
 class ParallelSection(_Section):
+    """``[parallel]``: how the job is split over processes (lf-parallel plans: dp, ZeRO, tp, pp, cp)."""
+
     plan: Literal["auto", "manual"] = "auto"
     """``auto``: the fastest plan of ``lf plan``'s ranking that the trainer can run (llm / vlm / video families:
     dp, ZeRO, tp, and cp / pp where the family supports them; the VLA trainer: data parallel); ``manual`` uses
@@ -195,6 +210,8 @@ class ParallelSection(_Section):
 
 
 class EvalSection(_Section):
+    """``[eval]``: closed-loop evaluation of VLA policies in Meta-World."""
+
     episodes: int = 20
     """Closed-loop episodes per task."""
     max_steps: int = 150
@@ -284,7 +301,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         cfg = msgspec.convert(tree, Config)
     except msgspec.ValidationError as err:
         raise explain(err, where, Config, tree) from None
-    return check_config(cfg, where, check_paths=check_paths)
+    return check_config(fit_warmup(cfg, where), where, check_paths=check_paths)
 
 
 def _require(ok: bool, where: str, key: str, expected: str, got: Any) -> None:
@@ -419,6 +436,12 @@ def check_resume_overrides(overrides: list[str] | None) -> None:
     """ConfigError naming the first override that a resumed run cannot take."""
     for item in overrides or []:
         key = item.partition("=")[0].strip()
+        section, _, field = key.partition(".")
+        struct = struct_at(Config, section) if section in Config.__struct_fields__ else None
+        # a typo: name the closest valid key before the resume rule
+        if struct is None or (field and field.split(".")[0] not in struct.__struct_fields__):
+            at, name = (section, field.split(".")[0]) if struct is not None else ("", section)
+            raise ConfigError(f"--resume: --set {key}: {unknown_key(Config, at, name)}")
         if not any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUME_KEYS):
             raise ConfigError(f"--resume: --set {key} cannot change on resume (the checkpoint fixes "
                               f"it); allowed: {', '.join(RESUME_KEYS)}*. To continue the run under another "

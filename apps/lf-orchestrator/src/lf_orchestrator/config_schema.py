@@ -5,7 +5,9 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import json
 import textwrap
+import types
 import typing
 from typing import Any
 
@@ -56,7 +58,8 @@ def schema_with_docs(root: type) -> dict[str, Any]:
     """msgspec's JSON Schema of struct ``root`` with each field's attribute docstring as its ``description``.
 
     msgspec puts class docstrings into the schema but not attribute docstrings (Python does not keep them);
-    they are read from the source with :func:`attribute_docs`.
+    they are read from the source with :func:`attribute_docs`. A struct-valued field without one (``Config``'s
+    sections) is described by its struct's class docstring.
     """
     schema = msgspec.json.schema(root)
     structs = _struct_types(root)
@@ -65,4 +68,35 @@ def schema_with_docs(root: type) -> dict[str, Any]:
         for field, prop in definition.get("properties", {}).items():
             if field in docs:
                 prop["description"] = docs[field]
+            elif "$ref" in prop:  # a section of Config: its class docstring says what it holds
+                section = structs.get(prop["$ref"].rsplit("/", 1)[-1])
+                if section is not None and section.__doc__:
+                    prop["description"] = inspect.cleandoc(section.__doc__)
     return schema
+
+
+def _type_name(tp: Any) -> str:
+    """A field type as the TOML user sees it: ``int``, ``array[str]``, ``'a' | 'b'`` (an enum's values)."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin in (list, dict):
+        args = ", ".join(_type_name(a) for a in typing.get_args(tp))
+        return f"{'array' if origin is list else 'table'}[{args}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def describe_keys(root: type) -> list[tuple[str, str, str, str]]:
+    """``(dotted key, type, default as JSON, description)`` for every field of every section of struct ``root``
+    (``lf config schema --keys``), in the order the sections and fields are declared."""
+    rows = []
+    for section in msgspec.structs.fields(root):
+        struct = section.type
+        docs = attribute_docs(struct)
+        defaults = msgspec.to_builtins(section.default)
+        for field in msgspec.structs.fields(struct):
+            default = json.dumps(defaults[field.name])
+            rows.append((f"{section.name}.{field.name}", _type_name(field.type), default, docs.get(field.name, "")))
+    return rows

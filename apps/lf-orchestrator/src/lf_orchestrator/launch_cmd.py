@@ -19,6 +19,7 @@ from typing import Annotated, Optional
 import typer
 
 from lf_orchestrator._console import make_console
+from lf_orchestrator._options import SetOpt
 from lf_orchestrator.config import ConfigError, load_config
 from lf_orchestrator.launch._jobset import jobset
 from lf_orchestrator.launch._k8s import K8sOptions, Volume, pytorchjob
@@ -63,8 +64,7 @@ def _env_pairs(items: list[str]) -> tuple[tuple[str, str], ...]:
 
 def launch(
     config: Annotated[Path, typer.Argument(help="Run config (TOML).")],
-    overrides: Annotated[Optional[list[str]], typer.Option(
-        "--set", help="Override a config value: section.key=value (TOML value).")] = None,
+    overrides: SetOpt = None,
     backend: Annotated[Backend, typer.Option(help="How to start the workers.")] = Backend.torchrun,
     nodes: Annotated[int, typer.Option(help="Machines.")] = 1,
     gpus_per_node: Annotated[int, typer.Option(

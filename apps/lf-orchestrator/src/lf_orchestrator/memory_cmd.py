@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 from types import SimpleNamespace
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import msgspec
 import typer
 from rich.table import Table
 
 from lf_orchestrator._console import make_console
+from lf_orchestrator._options import SetOpt
 from lf_orchestrator.plan_cmd import (
     GIB,
     ConfigArg,
@@ -41,14 +42,15 @@ from lf_orchestrator.plan_cmd import (
     WidthOpt,
     _fail,
     load_run_config,
+    print_sample_and_legend,
     resolve_cluster,
     resolve_model,
 )
 
 PlanOpt = Annotated[Optional[str], typer.Option(
     help="Plan as key=value, e.g. 'dp=8,zero=3,tp=2,mb=1' (default: the config's, else dp=1).")]
-RecomputeOpt = Annotated[Optional[str], typer.Option(
-    help="none, selective, full, every_k or auto (default: the config's memory.recompute, else none).")]
+RecomputeOpt = Annotated[Optional[Literal["none", "selective", "full", "every_k", "auto"]], typer.Option(
+    help="Activation recomputation (default: the config's memory.recompute, else none).")]
 
 
 def _plan(cfg, graph, spec: Optional[str], gpus: Optional[int], gpu: str, gpus_per_node, inter: float,
@@ -126,9 +128,9 @@ def memory_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt
                frames: FramesOpt = None, height: HeightOpt = None, width: WidthOpt = None, plan: PlanOpt = None,
                recompute: RecomputeOpt = None, gpus: GpusOpt = None, gpus_per_node: PerNodeOpt = None,
                gpu: GpuOpt = "h100", inter_node_gbps: InterOpt = 400.0, precision: PrecisionOpt = "bf16",
-               as_json: JsonOpt = False):
+               as_json: JsonOpt = False, overrides: SetOpt = None):
     """Peak memory per GPU of one plan, by kind, and whether it fits the GPU (a run CONFIG's own plan,
-    batch and recompute unless --plan / --recompute say otherwise)."""
+    batch and recompute unless --plan / --recompute say otherwise; --set overrides its values, as for lf run)."""
     from lf_memory._estimate import estimate_memory
     from lf_orchestrator.config import ConfigError
     from lf_parallel._cluster import ClusterError
@@ -136,8 +138,9 @@ def memory_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt
 
     counts = None
     try:
-        cfg = load_run_config(config)
-        graph, tokens, _ = resolve_model(config, recipe, size, seq, frames, height, width)
+        cfg, seq_from = load_run_config(config, overrides, recipe), []
+        graph, tokens, _ = resolve_model(config, recipe, size, seq, frames, height, width, run_cfg=cfg,
+                                         seq_from=seq_from)
         parsed, _, cluster = _plan(cfg, graph, plan, gpus, gpu, gpus_per_node, inter_node_gbps, tokens, precision)
         mode = recompute or (cfg.memory.recompute if cfg is not None else "none")
         if mode == "auto":
@@ -154,11 +157,13 @@ def memory_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt
     shown = mode + (f" ({', '.join(f'{k} {v}' for k, v in counts.items())} blocks)" if counts else "")
     if as_json:
         print(json.dumps({"model": graph.name, "plan": parsed.describe(), "recompute": mode, "stage": est.stage,
+                          "tokens_per_sample": tokens, "tokens_per_sample_from": seq_from[0],
                           "recompute_blocks": counts, "gib": rows, "sum_gib": sum(kinds.values()),
                           "peak_gib": est.total / GIB, "gpu": cluster.gpu.name, "gpu_gib": have / GIB,
                           "fits": est.total <= have}))
         return
-    table = Table(title=f"{graph.name}: {parsed.describe()}, recompute={shown}, stage {est.stage}")
+    table = Table(title=f"{graph.name}: {parsed.describe()}, recompute={shown}, "
+                        f"pipeline stage {est.stage} of {parsed.pp}")
     table.add_column("kind")
     table.add_column("GiB per GPU", justify="right")
     for key, value in kinds.items():
@@ -169,6 +174,12 @@ def memory_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt
     make_console().print(table)
     make_console().print("peak: the larger of the start of backward (only the gradients written so far) and the "
                          "optimizer step (no activations), not the sum of the kinds", highlight=False)
+    from lf_orchestrator._plan_legend import zero_stage_line
+
+    make_console().print(f"{zero_stage_line(parsed.zero_stage)}\npipeline stage {est.stage} of {parsed.pp}: the "
+                         "figures are for the pipeline stage with the highest peak (pp = 1: the whole model)",
+                         highlight=False)
+    print_sample_and_legend(make_console(), tokens, seq_from[0], [parsed.describe()])
     verdict = "fits" if est.total <= have else f"does NOT fit: {est.total / GIB:.1f} GiB needed"
     make_console().print(f"{cluster.gpu.name} has {have / GIB:.1f} GiB: {verdict}", highlight=False)
     if est.total > have:

@@ -14,12 +14,13 @@ import importlib
 import inspect
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import typer
 from rich.table import Table
 
 from lf_orchestrator._console import make_console
+from lf_orchestrator._options import SetOpt
 
 console = make_console(stderr=True)
 GIB = 1024 ** 3
@@ -37,7 +38,7 @@ GpusOpt = Annotated[Optional[int], typer.Option(min=1, help="GPUs to plan for (d
 PerNodeOpt = Annotated[Optional[int], typer.Option(help="GPUs per node (NVLink domain); default min(gpus, 8).")]
 GpuOpt = Annotated[str, typer.Option(help="GPU model when planning ahead: h200, h100, a100-80g, ...")]
 InterOpt = Annotated[float, typer.Option(help="Network bandwidth between nodes per GPU, Gbit/s.")]
-PrecisionOpt = Annotated[str, typer.Option(help="Compute precision: bf16, fp16 or fp32.")]
+PrecisionOpt = Annotated[Literal["bf16", "fp16", "fp32"], typer.Option(help="Compute precision.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 CalibrateOpt = Annotated[bool, typer.Option("--calibrate", help="Measure this GPU's matmul, attention and copy "
                                             "rates first (a few seconds) and cache them for later plans.")]
@@ -100,39 +101,52 @@ def _run_sample(cfg) -> tuple[int | None, dict]:
     return None, {}
 
 
-def load_run_config(config: Optional[Path]):
-    """The decoded run config, or None without one (ConfigError from the file). The run's data need not exist
-    yet: planning sizes the sample from the config alone (:func:`_run_sample`)."""
-    if config is None:
-        return None
-    from lf_orchestrator.config import load_config
+_SAMPLE_FROM = {"llama3": "the run config's corpus.seq_len",
+                "qwen2_vl": "the run config's sample: one vlm.image_size image and the prompt",
+                "wan_dit": "the run config's sample: the latent tokens of one video.frames clip",
+                "wan_vae": "the run config's sample: one video.frames clip of data.image_size"}
+"""Where :func:`_run_sample` takes a run config's tokens per sample from, by recipe (what the commands print)."""
 
-    return load_config(config, check_paths=False)
+
+def load_run_config(config: Optional[Path], overrides: Optional[list[str]] = None, recipe: Optional[str] = None):
+    """The decoded run config with its ``--set`` overrides, or None without one (ConfigError from the file or the
+    overrides; :func:`._options.load_with_overrides`). The run's data need not exist yet: planning sizes the
+    sample from the config alone (:func:`_run_sample`)."""
+    from lf_orchestrator._options import load_with_overrides
+
+    return load_with_overrides(config, overrides, recipe=recipe)
 
 
 def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[str], seq: Optional[int],
-                  frames: Optional[int] = None, height: Optional[int] = None, width: Optional[int] = None):
+                  frames: Optional[int] = None, height: Optional[int] = None, width: Optional[int] = None, *,
+                  run_cfg=None, seq_from: Optional[list[str]] = None):
     """(IR graph, tokens per sample of the main component, global batch from the config or None).
 
-    With a run CONFIG the graph is sized by what ``lf run`` trains (:func:`_run_sample`); ``--seq`` and, for
-    wan_dit / wan_vae, ``--frames`` / ``--height`` / ``--width`` override it.
+    With a run CONFIG (or ``run_cfg``, the config already loaded with its ``--set`` overrides) the graph is sized
+    by what ``lf run`` trains (:func:`_run_sample`); ``--seq`` and, for wan_dit / wan_vae, ``--frames`` /
+    ``--height`` / ``--width`` override it. Without either, a recipe that takes a sequence length gets its typical
+    training length (:func:`.ir_cmd.default_seq`: Llama 3 8,192, not its 131,072-token maximum). ``seq_from``, when
+    given, receives where the tokens per sample came from (the commands print it).
 
     Raises:
         ValueError: no model given, unknown recipe/size, or a bad video size; ConfigError from the config.
     """
-    overrides, batch, graph_kw = {}, None, {}
-    cfg = load_run_config(config)
+    overrides, batch, graph_kw, source = {}, None, {}, "--seq" if seq is not None else ""
+    cfg = run_cfg if run_cfg is not None else load_run_config(config)
     if cfg is not None:
         same_recipe = recipe in (None, cfg.model.recipe)
         recipe, size = recipe or cfg.model.recipe, size or cfg.model.size
         overrides, batch = dict(cfg.model.overrides), cfg.train.global_batch
         if seq is None and same_recipe:
             seq, graph_kw = _run_sample(cfg)
+            source = _SAMPLE_FROM.get(recipe, "the recipe graph's sample")
     if not recipe or not size:
         raise ValueError("give a run CONFIG, or --recipe and --size (e.g. --recipe llama3 --size 70B)")
     module = _recipe(recipe)
     factory = getattr(module, f"{recipe}_config", None) or module.config
     cfg = factory(size, **overrides)
+    if recipe in ("wan_dit", "wan_vae") and (frames or height or width):
+        source = "--frames / --height / --width"
     if recipe == "wan_dit" and (frames or height or width):
         seq = module.video_tokens(cfg, frames, height, width)
     if recipe == "wan_vae" and (frames or height or width):
@@ -142,6 +156,13 @@ def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[
     takes_seq = "seq_len" in inspect.signature(module.build_graph).parameters
     if seq is not None and not takes_seq:
         raise ValueError(f"--seq: the {recipe} recipe's sequence length follows from its config")
+    if seq is None and takes_seq and not source:  # not the model's maximum, silently
+        from lf_orchestrator.ir_cmd import default_seq
+
+        seq, source = default_seq(recipe, cfg)
+    if seq_from is not None:
+        source = source or "the recipe graph's sample"
+        seq_from.append(source if source.startswith("--") or not takes_seq else f"{source} (--seq to change)")
     graph = module.build_graph(cfg, **({"seq_len": seq} if seq else {}), **graph_kw)
     from lf_memory._estimate_graph import graph_view
 
@@ -207,12 +228,13 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
              global_batch: BatchOpt = None, gpus: GpusOpt = None, gpus_per_node: PerNodeOpt = None,
              gpu: GpuOpt = "h100", inter_node_gbps: InterOpt = 400.0, precision: PrecisionOpt = "bf16",
              top: Annotated[int, typer.Option(help="Plans to list.")] = 5, as_json: JsonOpt = False,
-             calibrate: CalibrateOpt = False):
+             calibrate: CalibrateOpt = False, overrides: SetOpt = None):
     """Rank parallel plans by predicted step time: tokens/s/GPU, MFU, peak memory, and the winner's breakdown.
 
-    With a run CONFIG the ranking is the one ``lf run`` (``parallel.plan = "auto"``) picks from: micro-batches
-    up to ``parallel.micro_batch`` (:func:`.families._plan.rank_plans`). The breakdown's ``host_launch`` is the
-    time the host spends issuing kernels; it overlaps compute, so a host-bound step holds it instead of compute.
+    With a run CONFIG (``--set`` overrides its values, as for ``lf run``) the ranking is the one ``lf run``
+    (``parallel.plan = "auto"``) picks from: micro-batches up to ``parallel.micro_batch``
+    (:func:`.families._plan.rank_plans`). The breakdown's ``host_launch`` is the time the host spends issuing
+    kernels; it overlaps compute, so a host-bound step holds it instead of compute.
 
     The rates come from the calibration cache (``$LF_CACHE_DIR/calibration.json``, default ``~/.cache/lf``) when
     this machine's GPU is the cluster's model and was measured with this torch, else from the BENCH.md defaults;
@@ -228,10 +250,11 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
     if top < 1:
         _fail(f"--top must be >= 1, got {top}")
     try:
-        graph, tokens, batch = resolve_model(config, recipe, size, seq, frames, height, width)
+        run_cfg, seq_from = load_run_config(config, overrides, recipe), []
+        graph, tokens, batch = resolve_model(config, recipe, size, seq, frames, height, width, run_cfg=run_cfg,
+                                             seq_from=seq_from)
         cluster = resolve_cluster(gpus, gpus_per_node, gpu, inter_node_gbps)
         batch = global_batch or batch or cluster.gpus
-        run_cfg = load_run_config(config)
         if calibrate:  # after the arguments are checked: a typo costs no measurement
             _calibrate(cluster)
         cal = calibration_for(cluster)
@@ -251,7 +274,8 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
         for row, cand in zip(rows, result.ranked, strict=True):
             row["lf_run"] = runnable(cand.plan) or "yes"
     if as_json:
-        print(json.dumps({"model": graph.name, "tokens_per_sample": tokens, "global_batch": batch,
+        print(json.dumps({"model": graph.name, "tokens_per_sample": tokens, "tokens_per_sample_from": seq_from[0],
+                          "global_batch": batch,
                           "cluster": cluster.describe(), "calibration": cal.source, "considered": result.considered,
                           "over_memory": result.over_memory, "seconds": result.seconds, "plans": rows}))
         return
@@ -270,3 +294,13 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
               + " (host_launch overlaps compute + recompute: the step holds the larger)", highlight=False)
     out.print(f"{result.considered:,} plans considered, {result.over_memory:,} over memory, "
               f"{result.seconds:.1f} s; rates: {cal.source}", highlight=False)
+    print_sample_and_legend(out, tokens, seq_from[0], [r["plan"] for r in rows])
+
+
+def print_sample_and_legend(out, tokens: int, seq_from: str, plans: list[str]) -> None:
+    """The footer of `lf plan` / `lf memory`: where the tokens per sample came from and what the plan keys mean
+    (:func:`._plan_legend.plan_legend`)."""
+    from lf_orchestrator._plan_legend import plan_legend
+
+    out.print(f"tokens per sample: {tokens:,}, from {seq_from}", highlight=False)
+    out.print("plan keys:\n" + "\n".join(f"  {line}" for line in plan_legend(plans)), highlight=False)

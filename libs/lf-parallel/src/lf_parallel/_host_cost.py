@@ -91,7 +91,14 @@ def _inputs(node, module, x):
     if kind == "DiTBlock":
         table = torch.randn(1, _TOKENS, 1, head_dim)
         return (torch.randn(1, _TOKENS, node.dim), torch.randn(1, 6, node.dim), (table, table)), {}
-    return (MaskSpec(kind=getattr(module, "mask_kind", "causal")),), {}
+    kind = getattr(module, "mask_kind", "causal")
+    spec = getattr(getattr(node, "attention", None), "mask_spec", None)  # the IR mask's own parameters
+    extra = {}  # masks with a parameter (the VLA's prefix_lm): the block's own, within the _TOKENS counted
+    if kind == "prefix_lm":
+        extra["prefix_len"] = min(getattr(spec, "prefix_len", None) or 1, _TOKENS)
+    elif kind == "block_causal":
+        extra["frame_tokens"] = min(getattr(spec, "frame_tokens", None) or 1, _TOKENS)
+    return (MaskSpec(kind=kind, **extra),), {}
 
 
 @lru_cache(maxsize=256)

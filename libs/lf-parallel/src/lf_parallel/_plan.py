@@ -14,6 +14,7 @@ command-line form ``"tp=2,pp=2,dp=2,zero=3,vision.tp=1"``.
 
 from __future__ import annotations
 
+import typing
 from typing import Literal
 
 import msgspec
@@ -118,6 +119,9 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
 
 
 _ALIASES = {"zero": "zero_stage", "schedule": "pp_schedule", "vpp": "pp_virtual_stages", "mb": "micro_batch"}
+_CHOICES = {"pp_schedule": typing.get_args(PPSchedule), "cp_kind": typing.get_args(CPKind),
+            "precision": typing.get_args(Precision)}
+"""The accepted values of :class:`Plan`'s enum fields, for parse_plan's errors."""
 _BOOL = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
@@ -166,6 +170,10 @@ def parse_plan(text: str, **defaults) -> Plan:
         fields["dp"] = dp_shard * fields.get("dp_replicate", 1)
     if comps:
         fields["components"] = {c: ComponentPlan(**v) for c, v in comps.items()}
+    for key, choices in _CHOICES.items():  # enum fields: name the key and list what it takes
+        if key in fields and fields[key] not in choices:
+            raise PlanError(f"plan {text!r}: {key}: expected one of {', '.join(map(repr, choices))}, "
+                            f"got {fields[key]!r}")
     try:
         return msgspec.convert(fields, Plan)
     except msgspec.ValidationError as err:

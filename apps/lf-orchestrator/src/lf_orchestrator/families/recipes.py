@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import typing
 
 import msgspec
 
@@ -39,15 +40,22 @@ def recipe_overrides(cls, overrides: dict, recipe: str) -> dict:
             take (``model.overrides.norm_eps: expected float, got 'x'``).
     """
     types = {f.name: f.type for f in msgspec.structs.fields(cls)}
+    from lf_orchestrator._config_errors import did_you_mean
+
     bad = sorted(set(overrides) - set(types))
     if bad:
-        raise OverrideError(f"model.overrides: unknown field {bad[0]!r} for recipe {recipe!r}; fields: {sorted(types)}")
+        hint = did_you_mean(bad[0], types)
+        raise OverrideError(f"model.overrides: unknown field {bad[0]!r} for recipe {recipe!r}"
+                            + (hint if hint.startswith("; did you mean") else f"; fields: {sorted(types)}"))
     out = {}
     for key, value in overrides.items():
         try:
             out[key] = msgspec.convert(value, types[key])
         except msgspec.ValidationError as err:
-            expected = str(err).split(" - at")[0].split(", got")[0].replace("`", "").lower()
+            if typing.get_origin(types[key]) is typing.Literal:  # an enum field: list what it takes
+                expected = "expected one of " + ", ".join(repr(c) for c in typing.get_args(types[key]))
+            else:
+                expected = str(err).split(" - at")[0].split(", got")[0].replace("`", "").lower()
             raise OverrideError(f"model.overrides.{key}: {expected}, got {value!r}") from None
     return out
 
