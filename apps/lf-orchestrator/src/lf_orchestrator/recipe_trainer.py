@@ -162,7 +162,9 @@ class RecipeTrainer:
         self.optimizer = self._optimizer()
         t = cfg.train
         self.scheduler = lr_schedule(self.optimizer, t)
-        self.scaler = DynamicLossScaler(ctx.device.type, enabled=self.precision.needs_loss_scaling)
+        # ranks hold different gradient shards / stages: an inf in one must skip the step on all
+        self.scaler = DynamicLossScaler(ctx.device.type, enabled=self.precision.needs_loss_scaling,
+                                        process_group=torch.distributed.group.WORLD if ctx.distributed else None)
         check_enough_samples(self.family.num_samples, self.plan, cfg)
         self.sampler = ResumableSampler(self.family.num_samples, batch_size=self.plan.micro_batch, seed=cfg.run.seed,
                                         rank=self.dp_rank, world_size=self.plan.dp)
