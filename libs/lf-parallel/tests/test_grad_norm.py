@@ -8,7 +8,8 @@ process. lf's function on the sharded gradients must give the same norm (2 and i
 clipping, the same clipped gradients: 1e-6 relative in float32 (the sums only change order). The pipeline
 case gives each of the 2 ``pp`` ranks half of the tensor-parallel gradients (disjoint stages) and combines
 over the pp group. A NaN in the gradients (of the first stage, under pp) must give NaN on every rank and leave
-the gradients unscaled.
+the gradients unscaled. A tensor whose shards are empty on some ranks (uneven sharding) still gives every rank
+the whole norm.
 """
 
 from __future__ import annotations
@@ -101,6 +102,20 @@ def _case(plan_text: str) -> dict:
     return out
 
 
+def _uneven() -> dict:
+    """A (1, 3) tensor sharded over 4 ranks (ranks 1-3 hold empty shards) next to a plain one: 2- and inf-norm."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from lf_parallel import total_norm
+
+    full = torch.tensor([[3.0, -12.0, 4.0]])
+    mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("dp_shard",))
+    tensors = [distribute_tensor(full, mesh, [Shard(0)]), torch.tensor([84.0])]
+    return {str(p): [float(total_norm(tensors, p)), float(torch.cat([full.flatten(), tensors[1]]).norm(p))]
+            for p in NORMS}
+
+
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
@@ -108,6 +123,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         results = {plan: _case(plan) for plan in PLANS}
+        results["uneven"] = _uneven()
         every = [None] * world
         dist.all_gather_object(every, results)
         if rank == 0:
@@ -165,3 +181,11 @@ def test_nan_gradient_is_seen_by_all_and_not_applied(results, plan):
     for per_rank in results:
         assert math.isnan(per_rank[plan]["nan"]["norm"])
         assert per_rank[plan]["nan"]["unscaled"]
+
+
+def test_empty_shards_join_the_reduction(results):
+    """Ranks whose shard of a tensor is empty (uneven sharding) still join its reduction: every rank gets the
+    single process's norm (sqrt(3^2 + 12^2 + 4^2 + 84^2) = 85; inf-norm 84), no hang."""
+    for per_rank in results:
+        for got, ref in per_rank["uneven"].values():
+            assert abs(got - ref) <= 1e-6 * ref

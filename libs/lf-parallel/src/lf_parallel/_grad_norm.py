@@ -85,11 +85,14 @@ def total_norm(tensors: Iterable[torch.Tensor], norm_type: float = 2.0, *, pp_gr
     by_groups: dict[tuple, list[torch.Tensor]] = {}
     for t in tensors:
         local, groups = _local_part(t.detach())
-        if local.numel():
-            by_groups.setdefault(groups, []).append(local)
-    device = next((ts[0].device for ts in by_groups.values()), torch.device("cpu"))
+        shards = by_groups.setdefault(groups, [])  # the key even for an empty (uneven) shard: every rank of
+        if local.numel():                           # a process group must join that group's all-reduce
+            shards.append(local)
+    device = next((ts[0].device for ts in by_groups.values() if ts), torch.device("cpu"))
+    zero = torch.zeros((), dtype=torch.float32, device=device)
     # per group of shards: sum |x|^p (max |x| for inf) over the local elements, then over its sharded dims
-    values = {key: nn.utils.get_total_norm(ts, p).float().to(device) for key, ts in by_groups.items()}
+    values = {key: nn.utils.get_total_norm(ts, p).float().to(device) if ts else zero
+              for key, ts in by_groups.items()}
     if not inf:
         values = {key: v ** p for key, v in values.items()}
     op = dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM
@@ -100,7 +103,6 @@ def total_norm(tensors: Iterable[torch.Tensor], norm_type: float = 2.0, *, pp_gr
         vec = torch.stack([values[key] for key in keys])
         dist.all_reduce(vec, op=op, group=group)
         values.update(zip(keys, vec.unbind(0), strict=True))
-    zero = torch.zeros((), dtype=torch.float32, device=device)
     if inf:
         out = torch.stack([zero, *values.values()]).max()
     else:
