@@ -34,3 +34,17 @@ def test_check_tensor_parallel_plan_matches_single_process(monkeypatch):
     found = re.search(r"max_rel_loss=(\S+) max_rel_grad=(\S+)", out.output)
     assert found and float(found[1]) <= 1e-5 and float(found[2]) <= 1e-5
     assert out.output.rstrip().endswith("OK")
+
+
+def test_check_clips_tensor_parallel_x_zero3_like_one_process(monkeypatch):
+    """``lf parallel check`` clips as the trainers do (default ``--grad-clip 1``, below the tiny llama3's gradient
+    norm), so tp=2 x ZeRO-3, whose clipping crashed the trainer at the first step, is checked too. Oracle: the single
+    process; losses, each step's gradient norm and the last clipped gradients within 1e-5 relative."""
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    out = runner.invoke(app, ["parallel", "check", "--recipe", "llama3", "--plan", "tp=2,dp=2,zero=3", "--nproc", "4",
+                              "--steps", "2"])
+    assert out.exit_code == 0, out.output
+    found = re.search(r"max_rel_loss=(\S+) max_rel_grad=(\S+) max_rel_param=\S+ max_rel_grad_norm=(\S+)", out.output)
+    assert found and max(float(found[1]), float(found[2]), float(found[3])) <= 1e-5, out.output
+    assert out.output.rstrip().endswith("OK")

@@ -1,11 +1,12 @@
 """`lf parallel check`: train a recipe's tiny model under a parallel plan and compare with one process.
 
 Spawns ``--nproc`` gloo CPU processes (lf-parallel's harness), runs ``--steps`` AdamW
-steps under the plan on fixed random data with deterministic weights, runs the same
-steps in a single process, and prints the largest relative differences of the
-losses, the last step's gradients (gathered to full tensors) and the parameters.
-Exit status 1 when a loss or gradient differs by more than ``--tol``; 2 for an
-invalid plan (rejected before any process starts).
+steps under the plan on fixed random data with deterministic weights, clipping the
+gradients to ``--grad-clip`` as the trainers do, runs the same steps in a single process,
+and prints the largest relative differences of the losses, the gradient norms, the last
+step's gradients (gathered to full tensors) and the parameters. Exit status 1 when a loss,
+gradient norm or gradient differs by more than ``--tol``; 2 for an invalid plan (rejected
+before any process starts).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def check(recipe: Annotated[str, typer.Option(
           reshard_to: Annotated[Optional[str], typer.Option(
               help="Save a DCP checkpoint before the last step and run that step under this plan.")] = None,
           tol: Annotated[float, typer.Option(help="Largest relative difference of losses and gradients.")] = 1e-5,
+          grad_clip: Annotated[float, typer.Option(
+              help="Clip the gradients to this total norm each step, as train.grad_clip (0: no clipping).")] = 1.0,
           dtype: Annotated[str, typer.Option(
               help="float32, or float64 (gradients that are near-cancelling sums, such as Wan's cross-attention "
                    "key bias, differ by float32 round-off alone)")] = "float32",
@@ -48,10 +51,12 @@ def check(recipe: Annotated[str, typer.Option(
 
     if nproc < 2 or steps < 1:
         _fail(f"--nproc must be >= 2 and --steps >= 1, got {nproc} and {steps}")
+    if not grad_clip >= 0:
+        _fail(f"--grad-clip must be >= 0, got {grad_clip}")
     if dtype not in ("float32", "float64"):
         _fail(f"--dtype must be float32 or float64, got {dtype!r}")
     job = Job(recipe=recipe, size=size, plan=plan, steps=steps, global_batch=global_batch, reshard_to=reshard_to,
-              dtype=dtype)
+              dtype=dtype, grad_clip=grad_clip)
     try:
         graph, _ = _build_graph_only(job)
         plans = [resolve_plan(text, world_size=nproc, global_batch=global_batch, graph=graph)
@@ -67,6 +72,7 @@ def check(recipe: Annotated[str, typer.Option(
     for col in ("quantity", "max relative difference"):
         table.add_column(col)
     table.add_row("loss (every step)", f"{result.loss_rel:.2e}")
+    table.add_row("gradient norm (every step, before clipping)", f"{result.grad_norm_rel:.2e}")
     table.add_row(f"gradients (step {steps}, worst: {result.worst})", f"{result.grad_rel:.2e}")
     table.add_row("gradients against the model's largest gradient", f"{result.grad_rel_model:.2e}")
     table.add_row(f"parameters (after step {steps}, worst: {result.worst_param})", f"{result.param_rel:.2e}")
@@ -74,8 +80,8 @@ def check(recipe: Annotated[str, typer.Option(
     print("losses:    " + " ".join(f"{x:.6f}" for x in result.losses))
     print("reference: " + " ".join(f"{x:.6f}" for x in result.ref_losses))
     print(f"max_rel_loss={result.loss_rel:.3e} max_rel_grad={result.grad_rel:.3e} "
-          f"max_rel_param={result.param_rel:.3e}")
-    if max(result.loss_rel, result.grad_rel) > tol:
+          f"max_rel_param={result.param_rel:.3e} max_rel_grad_norm={result.grad_norm_rel:.3e}")
+    if max(result.loss_rel, result.grad_rel, result.grad_norm_rel) > tol:
         console.print(f"[bold red]FAIL:[/] differences exceed --tol {tol:g}", highlight=False)
         raise typer.Exit(1)
     print("OK")

@@ -53,34 +53,7 @@ from lf_orchestrator.faults import nonfinite_reason
 from lf_orchestrator.fit import StepCallback, apply_update, check_enough_samples, fit_loop, lr_schedule
 from lf_orchestrator.prefetch import make_prefetcher
 from lf_orchestrator.train_state import restore_training_state, save_training_state
-from lf_parallel import DistContext, build_mesh, global_sum, parallelize
-
-
-def clip_grad_norm(params: list[torch.Tensor], max_norm: float, group=None) -> torch.Tensor:
-    """Global gradient 2-norm over plain and DTensor (TP / FSDP2) gradients; scales them to ``max_norm``
-    when above it (``max_norm = 0``: no clipping). ``nn.utils.clip_grad_norm_`` cannot mix the two kinds.
-
-    ``group``: the pipeline process group when each of its ranks holds other parameters (pipeline stages):
-    the squared norms are summed over it, so every rank clips with the norm of the whole model."""
-    from torch.distributed.tensor import DTensor
-
-    dist_grads = [p.grad for p in params if isinstance(p.grad, DTensor)]
-    plain = [p.grad for p in params if not isinstance(p.grad, DTensor)]
-    sq = torch.zeros((), dtype=torch.float32)
-    if dist_grads:
-        sq = sq + nn.utils.get_total_norm(dist_grads).full_tensor().float().cpu() ** 2
-    if plain:
-        sq = sq + nn.utils.get_total_norm(plain).float().cpu() ** 2
-    if group is not None:
-        sq = sq.to(next(iter(dist_grads + plain), sq).device)
-        torch.distributed.all_reduce(sq, group=group)
-        sq = sq.cpu()
-    norm = sq.sqrt()
-    if max_norm > 0 and float(norm) > max_norm:
-        coef = max_norm / (float(norm) + 1e-6)
-        for g in dist_grads + plain:
-            g.mul_(coef)
-    return norm
+from lf_parallel import DistContext, build_mesh, clip_grad_norm_, global_sum, parallelize
 
 
 def precision_name(dtype: torch.dtype) -> str:
@@ -189,7 +162,9 @@ class RecipeTrainer:
         self.optimizer = self._optimizer()
         t = cfg.train
         self.scheduler = lr_schedule(self.optimizer, t)
-        self.scaler = DynamicLossScaler(ctx.device.type, enabled=self.precision.needs_loss_scaling)
+        # ranks hold different gradient shards / stages: an inf in one must skip the step on all
+        self.scaler = DynamicLossScaler(ctx.device.type, enabled=self.precision.needs_loss_scaling,
+                                        process_group=torch.distributed.group.WORLD if ctx.distributed else None)
         check_enough_samples(self.family.num_samples, self.plan, cfg)
         self.sampler = ResumableSampler(self.family.num_samples, batch_size=self.plan.micro_batch, seed=cfg.run.seed,
                                         rank=self.dp_rank, world_size=self.plan.dp)
@@ -287,8 +262,7 @@ class RecipeTrainer:
             for key, value in metrics.items():
                 sums[key] = sums.get(key, torch.zeros((), device=self.ctx.device)) + value.detach().float()
         self.scaler.unscale_(self.optimizer)
-        grad_norm = clip_grad_norm([p for p in self.wrapped.parameters() if p.grad is not None],
-                                   self.cfg.train.grad_clip)
+        grad_norm = clip_grad_norm_(self.wrapped.parameters(), self.cfg.train.grad_clip)
         names = sorted(sums)  # one all-reduce: the scalars, and the gradient norm for the non-finite check
         stats = global_sum(torch.stack([loss_sum, *(sums[k] for k in names), grad_norm.to(loss_sum)]),
                            self.ctx) / (replicas // self.plan.cp)  # cp shares sum to the loss: count them once

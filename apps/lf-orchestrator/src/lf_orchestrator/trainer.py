@@ -50,7 +50,7 @@ from lf_orchestrator.faults import nonfinite_reason
 from lf_orchestrator.fit import StepCallback, apply_update, check_enough_samples, fit_loop, lr_schedule
 from lf_orchestrator.prefetch import make_prefetcher
 from lf_orchestrator.train_state import restore_training_state, save_training_state
-from lf_parallel import DistContext, Plan, apply_data_parallel, check_plan, choose_plan, global_sum
+from lf_parallel import DistContext, Plan, apply_data_parallel, check_plan, choose_plan, clip_grad_norm_, global_sum
 
 
 def prepare_dataset(cfg: Config, ctx: DistContext,
@@ -242,7 +242,7 @@ class Trainer:
                 sums[key] = sums.get(key, torch.zeros((), device=self.ctx.device)) + value.detach()
         clip = self.cfg.train.grad_clip
         self.scaler.unscale_(self.optimizer)  # no-op unless fp16: clip the true gradients
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else 1e30)
+        grad_norm = clip_grad_norm_(self.model.parameters(), clip)  # clip = 0: the norm only
         bad = nonfinite_reason(global_sum(loss_sum, self.ctx), grad_norm, check_grad=not self.scaler.enabled)
         if bad is not None:
             out = nonfinite_step(self, bad, float(grad_norm))

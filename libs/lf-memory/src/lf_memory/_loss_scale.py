@@ -16,6 +16,12 @@ scale exactly when the step found inf/NaN (``backoff_factor < 1``).
 
 bf16 needs no loss scaling (its exponent range is fp32's); construct with
 ``enabled=False`` there and every method is a pass-through.
+
+When ranks hold different gradients (ZeRO-2/3 shards, tensor- or pipeline-parallel
+pieces), an inf in one rank's piece must skip the step on every rank, or some ranks
+update and others do not and their scales drift apart. With ``process_group`` the
+found-inf flags are summed over that group after unscaling (torch's
+``ShardedGradScaler``, which does this on CUDA and CPU), so all its ranks skip together.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ class DynamicLossScaler:
             (in (0, 1)).
         growth_interval: finite steps in a row before growing ``S`` (>= 1).
         enabled: False makes every method a pass-through (bf16 / fp32).
+        process_group: the ranks that must agree on skipping a step (e.g.
+            ``torch.distributed.group.WORLD`` under any parallel plan); None: this
+            process decides alone (one process, or identical DDP gradients).
 
     Raises:
         ValueError: a factor or interval out of range (names it and the value).
@@ -58,7 +67,8 @@ class DynamicLossScaler:
     """
 
     def __init__(self, device: str = "cuda", *, init_scale: float = 2.0**16, growth_factor: float = 2.0,
-                 backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True) -> None:
+                 backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True,
+                 process_group: Any = None) -> None:
         if not init_scale > 0:
             raise ValueError(f"DynamicLossScaler.init_scale must be > 0, got {init_scale}")
         if not growth_factor > 1:
@@ -67,9 +77,14 @@ class DynamicLossScaler:
             raise ValueError(f"DynamicLossScaler.backoff_factor must be in (0, 1), got {backoff_factor}")
         if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
             raise ValueError(f"DynamicLossScaler.growth_interval must be an int >= 1, got {growth_interval!r}")
-        self._scaler = torch.amp.GradScaler(device, init_scale=init_scale, growth_factor=growth_factor,
-                                            backoff_factor=backoff_factor, growth_interval=growth_interval,
-                                            enabled=enabled)
+        options = dict(init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
+                       growth_interval=growth_interval, enabled=enabled)
+        if process_group is not None:
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            self._scaler = ShardedGradScaler(device, process_group=process_group, **options)
+        else:
+            self._scaler = torch.amp.GradScaler(device, **options)
         self.skipped_steps = 0
         """Optimizer steps skipped so far because a gradient was inf or NaN."""
         self.last_step_skipped = False

@@ -16,6 +16,8 @@
   the local GPU, cached, and used for clusters of that GPU model.
 - :func:`save_checkpoint` / :func:`load_checkpoint`: atomic DCP checkpoints that load
   under another plan.
+- :func:`clip_grad_norm_` / :func:`total_norm`: the whole model's gradient norm (and clipping by it) over
+  any mix of plain tensors and DTensors on any meshes, combined over pipeline stages.
 """
 
 from lf_parallel._calibrate import (
@@ -50,6 +52,7 @@ from lf_parallel._context import (
 from lf_parallel._cost_model import StepCost, step_cost
 from lf_parallel._data_parallel import apply_data_parallel, global_sum, unwrap
 from lf_parallel._dist import DistContext, init_distributed, resolve_device, shutdown
+from lf_parallel._grad_norm import clip_grad_norm_, total_norm
 from lf_parallel._mesh import MESH_DIMS, build_mesh, dp_mesh, flat_dp_group, mesh_shape
 from lf_parallel._parallelize import parallelize
 from lf_parallel._pipeline import (
@@ -79,11 +82,12 @@ __all__ = [
     "apply_data_parallel", "apply_tensor_parallel", "apply_zero", "async_save_checkpoint", "balanced_partition",
     "bubble_fraction", "bubble_micro_batches", "build_mesh", "build_optimizer", "build_pipeline",
     "build_stage_module", "calibrate", "calibration_for", "check_plan", "check_ulysses_heads", "checkpoint_extra",
-    "choose_plan", "collective_time", "context_attention", "default_calibration", "detect_cluster", "dp_mesh",
+    "choose_plan", "clip_grad_norm_", "collective_time", "context_attention", "default_calibration",
+    "detect_cluster", "dp_mesh",
     "flat_dp_group", "gather_sequence", "global_sum", "gpu_spec", "head_to_seq", "init_distributed", "is_complete",
     "latest_checkpoint", "load_calibration", "load_checkpoint", "loss_parallel_context", "make_cluster",
     "mesh_shape", "mixed_precision_policy", "parallelize", "parse_plan", "pipeline_step", "read_full_tensors",
     "resolve_device", "ring_attention", "save_calibration", "save_checkpoint", "search_plans", "seq_to_head",
     "shard_sequence", "shutdown", "split_stages", "stage_ranks", "step_cost", "tensor_kind_groups",
-    "tensor_parallel_styles", "trunk_component", "ulysses_attention", "unwrap", "zigzag_positions",
+    "tensor_parallel_styles", "total_norm", "trunk_component", "ulysses_attention", "unwrap", "zigzag_positions",
 ]

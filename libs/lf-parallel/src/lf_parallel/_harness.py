@@ -1,9 +1,9 @@
 """Correctness harness: a recipe's tiny model trained under parallel plans vs. one process.
 
 A plan is correct when, on the same deterministic weights (``lf_ir.materialize``
-with one seed) and the same fixed random global batch, the losses of every step,
-the gradients of the last step (gathered to full tensors) and the parameters
-after the last AdamW step equal the single-process run's (DESIGN.md, "Testing on
+with one seed) and the same fixed random global batch, the losses and gradient norms of
+every step, the gradients of the last step (gathered to full tensors, after clipping) and
+the parameters after the last AdamW step equal the single-process run's (DESIGN.md, "Testing on
 machines without a GPU"). :func:`run_jobs` spawns one gloo CPU world and runs a
 list of jobs in it (one world serves many plans: process start-up dominates on a
 small machine); the reference runs in the calling process meanwhile.
@@ -31,6 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from lf_parallel._checkpoint import load_checkpoint, save_checkpoint
 from lf_parallel._context import context_parallel_of
+from lf_parallel._grad_norm import clip_grad_norm_
 from lf_parallel._harness_recipes import HARNESS_RECIPES, HarnessRecipe
 from lf_parallel._mesh import build_mesh, flat_dp_group
 from lf_parallel._parallelize import parallelize
@@ -60,6 +61,10 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     ``lr / (4 eps)`` where ``|g|`` is near ``eps``; the default 1e-8 makes a few such entries (e.g. tied
     embedding rows of absent tokens, or value weights) dominate the comparison; 1e-5 keeps the check on
     the gradients (Adam is unchanged wherever |g| >> 1e-5)."""
+    grad_clip: float = 0.0
+    """Clip the gradients to this total norm after each backward, as the trainers do (``train.grad_clip``),
+    with :func:`lf_parallel.clip_grad_norm_` on the plan's shards; 0: no clipping. The norm is computed and
+    compared with the single process's either way."""
     dtype: Literal["float32", "float64"] = "float32"
     """Parameters, batch and compute dtype (the default dtype while the job builds and trains). float64
     separates a plan's errors from float32 round-off where gradients are near-cancelling sums."""
@@ -94,10 +99,16 @@ class CheckResult:
     (last step) and ``optim_state`` (AdamW moments): 1.0 replicated, 1/n sharded n ways."""
     grad_rels: dict[str, float] = dataclasses.field(default_factory=dict)
     """Parameter name -> max|g - g_ref| / max|g_ref| at the last step."""
+    grad_norms: list[float] = dataclasses.field(default_factory=list)
+    """Per-step total gradient 2-norm under the plan (before clipping), the same on every rank."""
+    ref_grad_norms: list[float] = dataclasses.field(default_factory=list)
+    """Per-step total gradient 2-norm of the single-process run."""
+    grad_norm_rel: float = 0.0
+    """max over steps of |norm - ref| / ref."""
 
     @property
     def max_rel(self) -> float:
-        return max(self.loss_rel, self.grad_rel, self.param_rel)
+        return max(self.loss_rel, self.grad_rel, self.param_rel, self.grad_norm_rel)
 
 
 def resolve_plan(text: str, *, world_size: int, global_batch: int, graph=None) -> Plan:
@@ -137,12 +148,16 @@ def _unwrap(model):
     return getattr(model, "module", model)
 
 
-def _step(model, loss_fn, batch, opt, record_grads: bool):
-    """One optimizer step; ``loss_fn`` is ``(model, batch) -> loss`` or a :class:`HarnessRecipe` (its ``loss``)."""
+def _step(model, loss_fn, batch, opt, record_grads: bool, *, grad_clip: float = 0.0, norms: list | None = None):
+    """One optimizer step; ``loss_fn`` is ``(model, batch) -> loss`` or a :class:`HarnessRecipe` (its ``loss``).
+    The gradients are clipped to ``grad_clip`` (0: not clipped) and their norm is appended to ``norms``."""
     loss_fn = loss_fn.loss if isinstance(loss_fn, HarnessRecipe) else loss_fn
     with loss_parallel_context():
         loss = loss_fn(model, batch)
         loss.backward()
+    norm = clip_grad_norm_(model.parameters(), grad_clip)
+    if norms is not None:
+        norms.append(float(norm))
     grads = {n: _full(p.grad) for n, p in _unwrap(model).named_parameters()} if record_grads else None
     if record_grads:
         grads["__local_numel__"] = torch.tensor(float(sum(_local_numel(p.grad) for p in model.parameters())))
@@ -159,7 +174,8 @@ def _local_batch(batch: dict, plan: Plan, mesh) -> dict:
 
 
 def _train(job: Job, plan_text: str, steps: range, world: int, ckpt: Path | None, load: bool):
-    """Run ``steps`` under a plan in this process's world; returns (losses, last grads, params, fractions)."""
+    """Run ``steps`` under a plan in this process's world; returns (losses, last grads, params, fractions,
+    gradient norms)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, job.dtype))  # weights, batch and losses in the job's dtype
     try:
@@ -179,11 +195,12 @@ def _train_in_dtype(job: Job, plan_text: str, steps: range, world: int, ckpt: Pa
     if load:
         load_checkpoint(ckpt, model, opt)
     local = _local_batch(batch, plan, mesh)
-    losses, grads = [], None
+    losses, grads, norms = [], None, []
     group = flat_dp_group(mesh, plan) if mesh is not None else None
     loss_fn = _loss_fn(job, recipe, plan, mesh)
     for step in steps:
-        loss, grads = _step(model, loss_fn, local, opt, record_grads=step == job.steps - 1)
+        loss, grads = _step(model, loss_fn, local, opt, record_grads=step == job.steps - 1, grad_clip=job.grad_clip,
+                            norms=norms)
         if mesh is not None and plan.dp * plan.cp > 1:  # mean over the data- and context-parallel ranks
             dist.all_reduce(loss, group=group)
             loss /= plan.dp * plan.cp
@@ -192,7 +209,7 @@ def _train_in_dtype(job: Job, plan_text: str, steps: range, world: int, ckpt: Pa
         save_checkpoint(ckpt, model, opt, extra={"plan": plan.describe()})
     fractions = _fractions(model, opt, grads) if grads is not None else {}
     params = {n: _full(p) for n, p in _unwrap(model).named_parameters()}
-    return losses, grads, params, fractions
+    return losses, grads, params, fractions, norms
 
 
 def _loss_fn(job: Job, recipe, plan: Plan, mesh):
@@ -210,9 +227,10 @@ def _run_job(job: Job, world: int, tmp: str, index: int):
     if job.reshard_to is None:
         return _train(job, job.plan, range(job.steps), world, None, False)
     ckpt = Path(tmp) / f"job{index}"
-    first, *_ = _train(job, job.plan, range(job.steps - 1), world, ckpt, False)
-    last, grads, params, fractions = _train(job, job.reshard_to, range(job.steps - 1, job.steps), world, ckpt, True)
-    return first + last, grads, params, fractions
+    first, *_, first_norms = _train(job, job.plan, range(job.steps - 1), world, ckpt, False)
+    last, grads, params, fractions, norms = _train(job, job.reshard_to, range(job.steps - 1, job.steps), world, ckpt,
+                                                   True)
+    return first + last, grads, params, fractions, first_norms + norms
 
 
 def _worker(rank: int, world: int, port: int, jobs: list[Job], out: str, tmp: str) -> None:
@@ -234,7 +252,8 @@ def _worker(rank: int, world: int, port: int, jobs: list[Job], out: str, tmp: st
 
 
 def reference(job: Job):
-    """The single-process run of ``job`` (no process group): (losses, last grads, params, shard fractions)."""
+    """The single-process run of ``job`` (no process group): (losses, last grads, params, shard fractions,
+    gradient norms)."""
     return _train(job, f"dp=1,micro_batch={job.global_batch}", range(job.steps), 1, None, False)
 
 
@@ -273,16 +292,18 @@ def run_jobs(jobs: list[Job], nproc: int) -> list[CheckResult]:
             pass
         runs = torch.load(out, weights_only=True)
     results = []
-    for job, (losses, grads, params, fractions), (rl, rg, rp, _) in zip(jobs, runs, refs, strict=True):
+    for job, (losses, grads, params, fractions, norms), (rl, rg, rp, _, rn) in zip(jobs, runs, refs, strict=True):
         loss_rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, rl, strict=True))
         grad_rel, worst = _rel(grads, rg)
         scale = max(float(g.abs().max()) for g in rg.values())
         grad_rel_model = max(float((grads[k] - g).abs().max()) for k, g in rg.items()) / max(scale, 1e-30)
         grad_rels = {k: float((grads[k] - g).abs().max() / g.abs().max().clamp_min(1e-30)) for k, g in rg.items()}
         param_rel, worst_param = _rel(params, rp)
+        norm_rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(norms, rn, strict=True))
         results.append(CheckResult(job=job, losses=losses, ref_losses=rl, loss_rel=loss_rel, grad_rel=grad_rel,
                                    grad_rel_model=grad_rel_model, param_rel=param_rel, worst=worst,
-                                   worst_param=worst_param, shard_fractions=fractions, grad_rels=grad_rels))
+                                   worst_param=worst_param, shard_fractions=fractions, grad_rels=grad_rels,
+                                   grad_norms=norms, ref_grad_norms=rn, grad_norm_rel=norm_rel))
     return results
 
 

@@ -15,8 +15,8 @@ parallel each tp rank sends its local sequence shard of the hidden states.
 Losses stay exact: the schedule runs with ``scale_grads=False`` and each micro-batch's loss is
 ``loss_sum * dp / global_units`` (DDP / FSDP average over dp), so a pipeline run takes the single-process
 run's steps. The last pipeline stage has the loss; one all-reduce over the world gives it to every rank for
-logging. The gradient norm for clipping is global over pp, tp and dp ranks (``clip_grad_norm`` with the pp
-group).
+logging. The gradient norm for clipping is global over pp, tp and dp ranks (``lf_parallel.clip_grad_norm_`` with
+the pp group).
 
 State: :class:`StageView` holds this rank's stage modules (one, or several under the interleaved schedules)
 as one module whose names are the full model's under the trainer's ``model.`` prefix (the layers of other
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lf_parallel import global_sum
+from lf_parallel import clip_grad_norm_, global_sum
 
 SIDE = ("positions", "document_ids")
 """Side tensors sent with the hidden states (lf-parallel names), in order."""
@@ -182,7 +182,6 @@ def pipeline_train_step(trainer) -> dict[str, float]:
     from lf_orchestrator.families._faults import nonfinite_step
     from lf_orchestrator.faults import nonfinite_reason
     from lf_orchestrator.fit import apply_update
-    from lf_orchestrator.recipe_trainer import clip_grad_norm
 
     plan, ctx, pipe = trainer.plan, trainer.ctx, trainer.pipe
     batches, local = trainer.step_batches()
@@ -194,8 +193,7 @@ def pipeline_train_step(trainer) -> dict[str, float]:
     with trainer.precision.autocast(ctx.device.type):
         loss_sum = pipe.step(batches)
     trainer.scaler.unscale_(trainer.optimizer)
-    grad_norm = clip_grad_norm([p for p in trainer.wrapped.parameters() if p.grad is not None],
-                               trainer.cfg.train.grad_clip, group=pipe.pp_group)
+    grad_norm = clip_grad_norm_(trainer.wrapped.parameters(), trainer.cfg.train.grad_clip, pp_group=pipe.pp_group)
     # the last stage's tp ranks each hold their dp rank's loss sum; every rank holds the global norm
     stats = global_sum(torch.stack([loss_sum.float(), grad_norm.to(loss_sum)]), ctx)
     loss_total = stats[0] / plan.tp
