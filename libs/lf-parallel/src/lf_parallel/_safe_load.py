@@ -25,6 +25,7 @@ import os
 import pathlib
 import pickle
 import re
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -201,6 +202,14 @@ def _torch_refused(err: pickle.UnpicklingError, data: bytes, file: str, where: s
                                  file=file, name=name)
 
 
+def _weights_only_load(data: bytes, map_location: Any = None) -> Any:
+    """``torch.load(weights_only=True)`` of ``data``, without torch's warning about pickle protocols it may not
+    support (a refusal follows, with its own message)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+        return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+
+
 def _is_refusal(err: BaseException) -> bool:
     return isinstance(err, pickle.UnpicklingError) and "Weights only load failed" in str(err)
 
@@ -216,7 +225,7 @@ def safe_torch_load(path: str | os.PathLike, *, map_location: Any = "cpu") -> An
     path = Path(path)
     data = path.read_bytes()
     try:
-        return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+        return _weights_only_load(data, map_location)
     except pickle.UnpicklingError as err:
         if _is_refusal(err):
             raise _torch_refused(err, data, str(path), str(path), "not a tensor, container or scalar") from None
@@ -241,7 +250,7 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     def load_bytes(self, read_item, value: io.BytesIO) -> None:  # noqa: D102 - LoadPlanner API
         data = value.getvalue()
         try:
-            obj = torch.load(io.BytesIO(data), weights_only=True)
+            obj = _weights_only_load(data)
         except pickle.UnpicklingError as err:
             if not _is_refusal(err):
                 raise
