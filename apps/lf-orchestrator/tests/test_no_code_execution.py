@@ -92,7 +92,9 @@ def _copy(run: Path, tmp_path: Path) -> tuple[Path, Path]:
     return copy, copy / "checkpoints" / "step-00000002"
 
 
-def _refused(code: int, out: str, file: Path, name: str | None = SYSTEM) -> None:
+def _refused(code: int, out: str, file: Path, name: str | None = SYSTEM, marker: Path | None = None) -> None:
+    """The command ran nothing (``marker`` absent) and failed naming ``file`` (and the class ``name``)."""
+    assert marker is None or not marker.exists(), f"the planted pickle ran: {marker} exists"
     assert code == 2, out
     assert f"error: {file}" in out, out
     if name is not None:
@@ -105,9 +107,9 @@ def test_resume_eval_and_sample_refuse_a_malicious_dcp_metadata(vla_run, tmp_pat
     run, ckpt = _copy(vla_run, tmp_path)
     marker = tmp_path / "pwned"
     (ckpt / ".metadata").write_bytes(_payload(marker))
-    _refused(*_invoke("run", "--resume", run), ckpt / ".metadata")
+    _refused(*_invoke("run", "--resume", run), ckpt / ".metadata", marker=marker)
     assert TAMPERED in _invoke("run", "--resume", run)[1]
-    _refused(*_invoke("eval", run, "--episodes", "1", "--no-random"), ckpt / ".metadata")
+    _refused(*_invoke("eval", run, "--episodes", "1", "--no-random"), ckpt / ".metadata", marker=marker)
     video = tmp_path / "video"  # a video run folder holding the same (planted) checkpoint
     video.mkdir()
     (video / "config.toml").write_text(to_toml(load_config(EXAMPLES / "wan_t2v.toml")))
@@ -118,7 +120,8 @@ def test_resume_eval_and_sample_refuse_a_malicious_dcp_metadata(vla_run, tmp_pat
     tok = build_instruction_tokenizer([METAWORLD_INSTRUCTIONS["reach-v3"]])
     save_text_encoder(video, tok, torch.zeros(tok.get_vocab_size(), 4))
     _refused(*_invoke("sample", video, "--prompt", METAWORLD_INSTRUCTIONS["reach-v3"], "--steps", "1",
-                      "--out", tmp_path / "clip.mp4"), video / "checkpoints" / "step-00000002" / ".metadata")
+                      "--out", tmp_path / "clip.mp4"), video / "checkpoints" / "step-00000002" / ".metadata",
+             marker=marker)
     assert not marker.exists()
 
 
@@ -144,7 +147,7 @@ def test_resume_refuses_a_malicious_byte_item_in_a_dcp_shard(vla_run, tmp_path):
     meta.storage_meta = None
     (ckpt / ".metadata").write_bytes(pickle.dumps(meta))
     code, out = _invoke("run", "--resume", run)
-    _refused(code, out, shard)
+    _refused(code, out, shard, marker=marker)
     assert f"(item '{key}')" in out
     assert not marker.exists()
 
@@ -153,9 +156,9 @@ def test_resume_refuses_a_malicious_train_state(vla_run, tmp_path):
     run, ckpt = _copy(vla_run, tmp_path)
     marker = tmp_path / "pwned"
     (ckpt / "train_state.pt").write_bytes(_torch_payload(marker))
-    _refused(*_invoke("run", "--resume", run), ckpt / "train_state.pt")
+    _refused(*_invoke("run", "--resume", run), ckpt / "train_state.pt", marker=marker)
     (ckpt / "train_state.pt").write_bytes(_payload(marker))  # a bare pickle, not a torch.save archive
-    _refused(*_invoke("run", "--resume", run), ckpt / "train_state.pt")
+    _refused(*_invoke("run", "--resume", run), ckpt / "train_state.pt", marker=marker)
     assert not marker.exists()
 
 
@@ -190,7 +193,7 @@ def test_tokenize_refuses_pickled_npy_inputs(tmp_path, kind):
         evil.write_bytes(_payload(marker))
     for command in ("encode", "decode"):
         code, out = _invoke("tokenize", command, tok, evil, tmp_path / "out.npy")
-        _refused(code, out, evil)
+        _refused(code, out, evil, marker=marker)
     assert not marker.exists()
 
 

@@ -46,8 +46,8 @@ class UnsafeCheckpointError(ValueError):
 
     Attributes:
         file: the refused file (a DCP shard for a byte item: the item's key is in the message).
-        name: the ``module.name`` the pickle referred to (None when the pickle was refused for another
-            reason, e.g. an opcode ``torch.load(weights_only=True)`` does not support).
+        name: the ``module.name`` the pickle referred to (None for a ``.metadata`` refused for another reason:
+            a persistent id, or an object that is not DCP ``Metadata``).
     """
 
     def __init__(self, message: str, *, file: str | os.PathLike | None = None, name: str | None = None):
@@ -186,18 +186,19 @@ def _torch_allowed() -> set[str]:
 
 
 def _torch_refused(err: pickle.UnpicklingError, data: bytes, file: str, where: str,
-                   what: str) -> UnsafeCheckpointError:
-    """The refusal of ``torch.load(weights_only=True)``, naming ``where`` (the file, maybe an item in it)."""
+                   what: str) -> UnsafeCheckpointError | None:
+    """The refusal of ``torch.load(weights_only=True)`` naming ``where`` (the file, maybe an item in it) and the
+    class, or None when the pickle names no refused class (garbage: the caller reports the file as damaged)."""
+    if "Weights only load failed" not in str(err):
+        return None
     found = _GLOBAL_IN_TORCH_ERROR.search(str(err))
     if found:
         name = found.group(1)
     else:  # an opcode torch's unpickler lacks (e.g. protocol 4 framing): name the first global the pickle holds
         allowed = _torch_allowed()
         name = next((g for g in pickle_globals(data) if g not in allowed), None)
-    if name is None:  # no global to blame: name what torch's unpickler stopped at
-        reason = next((line.strip() for line in str(err).splitlines() if line.strip().startswith("Unsupported")),
-                      "not a torch.save file")
-        return UnsafeCheckpointError(f"{where}: refused to unpickle it ({reason}; {what}); {_TAMPERED}", file=file)
+    if name is None:
+        return None
     return UnsafeCheckpointError(f"{where}: refused to unpickle {name} ({what}); {_TAMPERED}",
                                  file=file, name=name)
 
@@ -208,10 +209,6 @@ def _weights_only_load(data: bytes, map_location: Any = None) -> Any:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
         return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
-
-
-def _is_refusal(err: BaseException) -> bool:
-    return isinstance(err, pickle.UnpicklingError) and "Weights only load failed" in str(err)
 
 
 def safe_torch_load(path: str | os.PathLike, *, map_location: Any = "cpu") -> Any:
@@ -227,8 +224,9 @@ def safe_torch_load(path: str | os.PathLike, *, map_location: Any = "cpu") -> An
     try:
         return _weights_only_load(data, map_location)
     except pickle.UnpicklingError as err:
-        if _is_refusal(err):
-            raise _torch_refused(err, data, str(path), str(path), "not a tensor, container or scalar") from None
+        refused = _torch_refused(err, data, str(path), str(path), "not a tensor, container or scalar")
+        if refused is not None:
+            raise refused from None
         raise
 
 
@@ -252,12 +250,13 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         try:
             obj = _weights_only_load(data)
         except pickle.UnpicklingError as err:
-            if not _is_refusal(err):
-                raise
             info = (self.metadata.storage_data or {}).get(read_item.storage_index) if self.metadata else None
             shard = self.checkpoint_dir / getattr(info, "relative_path", "?")
-            raise _torch_refused(err, data, str(shard), f"{shard} (item {read_item.dest_index.fqn!r})",
-                                 "a non-tensor DCP item may hold containers and scalars only") from None
+            refused = _torch_refused(err, data, str(shard), f"{shard} (item {read_item.dest_index.fqn!r})",
+                                     "a non-tensor DCP item may hold containers and scalars only")
+            if refused is not None:
+                raise refused from None
+            raise
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:
