@@ -106,6 +106,11 @@ _ALLOWED = {
     ("builtins", "frozenset"): lambda: frozenset,
     ("_codecs", "encode"): lambda: codecs.encode,
 }
+for _core in ("numpy.core", "numpy._core"):
+    _ALLOWED[(f"{_core}.multiarray", "_reconstruct")] = lambda: _reconstruct
+    _ALLOWED[(f"{_core}.multiarray", "scalar")] = lambda: _numpy("multiarray", "scalar")
+    _ALLOWED[(f"{_core}.numeric", "_frombuffer")] = lambda: _numpy("numeric", "_frombuffer")
+del _core
 
 
 def _python3_name(module: str, name: str) -> tuple[str, str]:
@@ -113,11 +118,6 @@ def _python3_name(module: str, name: str) -> tuple[str, str]:
     if (module, name) in _compat_pickle.NAME_MAPPING:
         return _compat_pickle.NAME_MAPPING[(module, name)]
     return _compat_pickle.IMPORT_MAPPING.get(module, module), name
-for _core in ("numpy.core", "numpy._core"):
-    _ALLOWED[(f"{_core}.multiarray", "_reconstruct")] = lambda: _reconstruct
-    _ALLOWED[(f"{_core}.multiarray", "scalar")] = lambda: _numpy("multiarray", "scalar")
-    _ALLOWED[(f"{_core}.numeric", "_frombuffer")] = lambda: _numpy("numeric", "_frombuffer")
-del _core
 
 
 class SafeUnpickler(pickle.Unpickler):
