@@ -153,6 +153,20 @@ def test_metadata_of_another_type_or_with_persistent_ids_is_refused(tmp_path):
         read_full_tensors(dst)
 
 
+@pytest.mark.parametrize("rel", ["../outside.distcp", "/etc/passwd"])
+def test_shard_paths_outside_the_folder_are_refused(tmp_path, rel):
+    """Oracle: the message names .metadata and the path; DCP would read a shard at any path it is given."""
+    model, opt = _trained(0)
+    dst = save_checkpoint(tmp_path / "ckpt", model, opt)
+    meta = SafeFileSystemReader(str(dst)).read_metadata()
+    index = next(iter(meta.storage_data))
+    info = meta.storage_data[index]
+    meta.storage_data[index] = _StorageInfo(rel, info.offset, info.length, getattr(info, "transform_descriptors", None))
+    (dst / ".metadata").write_bytes(pickle.dumps(meta))
+    with pytest.raises(UnsafeCheckpointError, match=rf"ckpt/\.metadata: refused shard path '{rel}'"):
+        load_checkpoint(dst, model, opt)
+
+
 def test_safe_torch_load_and_pickle_globals_name_the_class_without_running_it(tmp_path):
     """Oracle: the marker (absent); the names as the pickle spells them."""
     marker = tmp_path / "pwned"

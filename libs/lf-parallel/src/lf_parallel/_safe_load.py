@@ -99,7 +99,8 @@ class SafeFileSystemReader(FileSystemReader):
     """DCP's ``FileSystemReader`` whose ``.metadata`` is read by an allow-listed unpickler.
 
     Raises (from ``read_metadata``):
-        UnsafeCheckpointError: the file names a class outside the DCP metadata classes (names file and class).
+        UnsafeCheckpointError: the file names a class outside the DCP metadata classes (names file and class),
+            or a shard path that leaves the folder (``../x``, ``/etc/x``).
         pickle.UnpicklingError, EOFError, ...: a truncated or garbled file (as ``pickle.load`` raises them).
     """
 
@@ -111,6 +112,11 @@ class SafeFileSystemReader(FileSystemReader):
         if not isinstance(metadata, Metadata):
             raise UnsafeCheckpointError(f"{path}: holds a {type(metadata).__name__}, not DCP Metadata; {_TAMPERED}",
                                         file=path)
+        for info in (metadata.storage_data or {}).values():  # shards are files of this folder, nowhere else
+            rel = getattr(info, "relative_path", None)
+            if not isinstance(rel, str) or rel in ("", ".", "..") or "/" in rel or "\\" in rel:
+                raise UnsafeCheckpointError(f"{path}: refused shard path {rel!r} (not a file name inside the "
+                                            f"checkpoint folder); {_TAMPERED}", file=path)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
