@@ -98,7 +98,7 @@ def _write_demo(root, task, var, ep, steps, rng, *, protocol=4, cameras=("front"
         _remove_fake()
 
 
-@pytest.mark.parametrize("protocol", [2, 4, 5])
+@pytest.mark.parametrize("protocol", [0, 1, 2, 4, 5])
 def test_round_trip_equals_written_values(tmp_path, protocol):
     """Oracle: the written arrays and PNG bytes; depth = near + code / (2**24 - 1) * (far - near) with the
     24-bit code written (and within one code step of the original depth); mask = R + 256 G + 65536 B."""
@@ -254,10 +254,55 @@ def test_pickle_cannot_call_ndarray_with_a_raw_object_buffer(tmp_path):
     evil.write_bytes(b"cnumpy\nndarray\n((I1\ntVO\nC\x08AAAAAAAAtR.")
     with pytest.raises(DataError, match=r"ptr\.pkl: cannot unpickle \(TypeError"):
         safe_load(evil)
-    for protocol in (2, 4, 5):
+    for protocol in (0, 1, 2, 4, 5):
         ok = tmp_path / f"ok{protocol}.pkl"
         ok.write_bytes(pickle.dumps({"a": np.arange(6.0).reshape(2, 3), "o": np.array([1, "x"], dtype=object)},
                                     protocol=protocol))
         got = safe_load(ok)
         np.testing.assert_array_equal(got["a"], np.arange(6.0).reshape(2, 3))
         assert type(got["a"]) is np.ndarray and got["o"].tolist() == [1, "x"]
+
+
+@pytest.mark.parametrize("protocol", [0, 1, 2])
+def test_python2_names_of_protocols_0_to_2_load(tmp_path, protocol):
+    """Oracle: the written values. Protocols 0-2 name builtins and copyreg as Python 2 did (``__builtin__.object``,
+    ``__builtin__.bytes`` for ``b""``, ``__builtin__.set``, ``copy_reg._reconstructor``), which the unpickler maps
+    as ``pickle`` does with ``fix_imports``."""
+    Demo, Observation = _fake_rlbench()
+    try:
+        value = Demo([Observation(misc={"empty": b"", "raw": b"\x00\xff", "s": {1, 2}, "f": frozenset("ab"),
+                                        "x": np.float32(1.5), "o": np.array([1, "x"], dtype=object)},
+                                  joint_positions=np.arange(7.0))], random_seed=None)
+        data = pickle.dumps(value, protocol=protocol)
+    finally:
+        _remove_fake()
+    assert (b"__builtin__" in data) and (protocol == 2 or b"copy_reg" in data)
+    (tmp_path / "p.pkl").write_bytes(data)
+    got = safe_load(tmp_path / "p.pkl")
+    misc = got[0].misc
+    assert misc["empty"] == b"" and misc["raw"] == b"\x00\xff" and misc["s"] == {1, 2}
+    assert misc["f"] == frozenset("ab") and misc["x"] == np.float32(1.5) and misc["o"].tolist() == [1, "x"]
+    np.testing.assert_array_equal(got[0].joint_positions, np.arange(7.0))
+
+
+@pytest.mark.parametrize(("raw", "named"), [
+    (b"c__builtin__\neval\n(Vprint(1)\ntR.", r"__builtin__\.eval \(Python 3: builtins\.eval\)"),
+    (b"cposix\nsystem\n(Vtouch {m}\ntR.", r"posix\.system,"),
+    (b"cnt\nsystem\n(Vtouch {m}\ntR.", r"nt\.system,"),
+    (b"ccommands\ngetoutput\n(Vtouch {m}\ntR.", r"commands\.getoutput \(Python 3: subprocess\.getoutput\)"),
+    (b"c__builtin__\ngetattr\n(c__builtin__\nobject\nV__subclasses__\ntR.", r"__builtin__\.getattr"),
+])
+def test_python2_named_callables_are_still_refused(tmp_path, raw, named):
+    """Oracle: the marker (absent) and the name in the message, as the file spells it."""
+    marker = tmp_path / "pwned"
+    (tmp_path / "evil.pkl").write_bytes(raw.replace(b"{m}", str(marker).encode()))
+    with pytest.raises(DataError, match=rf"evil\.pkl: pickle refers to {named}.* which is not allowed"):
+        safe_load(tmp_path / "evil.pkl")
+    assert not marker.exists()
+
+
+def test_bytes_with_an_argument_is_refused(tmp_path):
+    """Oracle: ``bytes(10**12)`` would allocate a terabyte; only ``bytes()`` (how protocols 0-2 write b"") loads."""
+    (tmp_path / "big.pkl").write_bytes(b"c__builtin__\nbytes\n(I1000000000000\ntR.")
+    with pytest.raises(DataError, match=r"big\.pkl: cannot unpickle \(UnpicklingError: builtins\.bytes refused"):
+        safe_load(tmp_path / "big.pkl")

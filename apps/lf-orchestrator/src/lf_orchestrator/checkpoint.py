@@ -105,7 +105,10 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu"
     Raises:
         FileNotFoundError: naming the missing file.
         CheckpointError: a file that does not parse, or weights holding NaN/inf (names the file and tensor).
+        UnsafeCheckpointError: ``state.pt`` names a class lf does not load (names the file and the class).
     """
+    from lf_parallel import UnsafeCheckpointError, safe_torch_load
+
     path = Path(path)
     for f in (MODEL_FILE, STATE_FILE):
         if not (path / f).is_file():
@@ -116,7 +119,9 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu"
         raise damaged(path, MODEL_FILE, err) from None
     check_finite_state(path, MODEL_FILE, model_state)
     try:
-        train_state = torch.load(path / STATE_FILE, map_location=device, weights_only=True)
+        train_state = safe_torch_load(path / STATE_FILE, map_location=device)
+    except UnsafeCheckpointError:  # names the file and the class it refused
+        raise
     except Exception as err:  # UnpicklingError, EOFError, RuntimeError on truncated zip archives
         raise damaged(path, STATE_FILE, err) from None
     return model_state, train_state
@@ -130,6 +135,7 @@ def load_weights(path: Path, device: torch.device | str = "cpu") -> dict[str, to
     Raises:
         FileNotFoundError: ``path`` is missing, or neither complete layout (names the folder).
         CheckpointError: unreadable shards or weights holding NaN/inf (names the file and tensor).
+        UnsafeCheckpointError: a pickle of the folder names a class lf does not load (names file and class).
     """
     path = Path(path)
     if is_legacy(path):
@@ -139,10 +145,12 @@ def load_weights(path: Path, device: torch.device | str = "cpu") -> dict[str, to
                                 f"it was not completely written")
     from torch.distributed.checkpoint import CheckpointException
 
-    from lf_parallel import read_full_tensors
+    from lf_parallel import UnsafeCheckpointError, read_full_tensors
 
     try:
         tensors = read_full_tensors(path, prefix="model." + PREFIX)  # DCP's model namespace, then the trainer's
+    except UnsafeCheckpointError:  # names the file and the class it refused; not damage to delete
+        raise
     except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
         raise damaged(path, "the DCP shards", err) from None
     if not tensors:

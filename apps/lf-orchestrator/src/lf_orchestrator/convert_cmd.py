@@ -93,7 +93,11 @@ def export_hf(src: Annotated[Path, typer.Argument(help="lf model folder (model.j
     with torch.device("meta"):
         model = getattr(module, model_name)(cfg)
     try:
-        model.load_state_dict(load_file(str(src / "model.safetensors")), strict=True, assign=True)
+        state = load_file(str(src / "model.safetensors"))
+    except Exception as err:  # safetensors raises its own error types for files of another format
+        _fail(f"{src / 'model.safetensors'}: not a safetensors file ({err})")
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as err:
         _fail(f"{src / 'model.safetensors'}: weights do not fit the {recipe} config in model.json: {err}")
     getattr(interop, export_name)(model, dst)

@@ -60,8 +60,35 @@ def make_chunks(episodes: list[np.ndarray], horizon: int, stride: int) -> np.nda
 def _load(path: Path) -> Any:
     from lf_tokenize_action import BinningTokenizer, FastTokenizer
 
-    fmt = json.loads(path.read_text()).get("format")
-    return FastTokenizer.load(path) if fmt == "lf-tokenize-action/fast" else BinningTokenizer.load(path)
+    try:
+        fmt = json.loads(path.read_text(encoding="utf-8")).get("format")
+        return FastTokenizer.load(path) if fmt == "lf-tokenize-action/fast" else BinningTokenizer.load(path)
+    except FileNotFoundError:
+        _fail(f"{path}: no such file")
+    except (ValueError, AttributeError) as err:  # not UTF-8, not JSON, not an object, or not a tokenizer
+        _fail(f"{path}: not a tokenizer JSON written by `lf tokenize fit` ({type(err).__name__}: {err})")
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    """A numeric ``.npy`` array; never unpickled (``allow_pickle=False``): an object array or a pickle is refused,
+    naming the file and the first class its pickle names."""
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        _fail(f"{path}: no such file")
+    except ValueError as err:
+        if "pickle" not in str(err):
+            _fail(f"{path}: not a .npy array ({err})")
+        from lf_parallel import pickle_globals
+
+        data = path.read_bytes()
+        if data[:6] == b"\x93NUMPY":  # header length: uint16 at 8 (version 1) or uint32 at 8 (versions 2, 3)
+            start = 10 + int.from_bytes(data[8:10], "little") if data[6] == 1 else \
+                12 + int.from_bytes(data[8:12], "little")
+            data = data[start:]
+        names = [n for n in pickle_globals(data) if not n.startswith("numpy.")]
+        named = f"refused to unpickle {names[0]}" if names else "refused to unpickle an object array"
+        _fail(f"{path}: {named}; lf reads numeric .npy arrays only and never unpickles one")
 
 
 @tokenize_app.command()
@@ -114,7 +141,7 @@ def encode(
 ) -> None:
     """Encode actions from a .npy file into bins or FAST tokens."""
     tok = _load(tokenizer)
-    x = np.load(actions)
+    x = _load_npy(actions)
     try:
         if hasattr(tok, "bpe"):
             tokens = tok.encode(x)
@@ -142,7 +169,7 @@ def decode(
     from lf_tokenize_action import ActionDecodeError
 
     tok = _load(tokenizer)
-    ids = np.load(tokens)
+    ids = _load_npy(tokens)
     try:
         if hasattr(tok, "bpe"):
             res = tok.decode(ids, horizon=horizon or None, on_error=on_error, pad_id=PAD)

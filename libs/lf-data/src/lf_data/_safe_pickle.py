@@ -10,8 +10,13 @@ naming it, before anything is called:
 - numpy array and scalar reconstruction: ``numpy[._]core.multiarray._reconstruct``
   / ``scalar``, ``numpy[._]core.numeric._frombuffer`` (protocol 5),
   ``numpy.ndarray``, ``numpy.dtype``;
-- ``copyreg._reconstructor`` (protocols 0-1) for the stand-ins only, and
-  ``_codecs.encode`` (how protocol 2 stores bytes).
+- ``copyreg._reconstructor`` (protocols 0-1) for the stand-ins only, ``builtins.object`` (its base
+  argument), ``_codecs.encode`` (how protocols 0-2 store bytes), ``builtins.bytes`` with no argument (how
+  they store ``b""``), ``builtins.set`` / ``frozenset`` (how they store sets).
+
+Python 2 names (``__builtin__``, ``copy_reg``, ...), which protocols 0-2 write, are mapped first as
+``pickle.Unpickler.find_class`` maps them with ``fix_imports`` (``_compat_pickle.NAME_MAPPING`` /
+``IMPORT_MAPPING``), then checked against the list: ``__builtin__.eval`` is refused as ``builtins.eval``.
 
 Object-dtype arrays restore their items through this same unpickler.
 ``numpy.ndarray`` resolves to a non-callable token that only ``_reconstruct``
@@ -22,6 +27,7 @@ array from raw bytes (pointers). ``ndarray.__setstate__``, ``scalar`` and
 
 from __future__ import annotations
 
+import _compat_pickle
 import codecs
 import io
 import pickle
@@ -81,13 +87,23 @@ def _reconstructor(cls, base, state):
     return object.__new__(cls)
 
 
+def _empty_bytes(*args):
+    """``bytes()`` as protocols 0-2 write ``b""``; any argument (``bytes(10**12)``) is refused."""
+    if args:
+        raise pickle.UnpicklingError(f"builtins.bytes refused for arguments {args!r:.60}")
+    return b""
+
+
 _ALLOWED = {
     ("rlbench.demo", "Demo"): lambda: Demo,
     ("rlbench.backend.observation", "Observation"): lambda: Observation,
     ("numpy", "ndarray"): lambda: _NDARRAY,
     ("numpy", "dtype"): lambda: np.dtype,
     ("copyreg", "_reconstructor"): lambda: _reconstructor,
-    ("copy_reg", "_reconstructor"): lambda: _reconstructor,  # protocol < 3 name (no fix_imports here)
+    ("builtins", "object"): lambda: object,
+    ("builtins", "bytes"): lambda: _empty_bytes,
+    ("builtins", "set"): lambda: set,
+    ("builtins", "frozenset"): lambda: frozenset,
     ("_codecs", "encode"): lambda: codecs.encode,
 }
 for _core in ("numpy.core", "numpy._core"):
@@ -95,6 +111,13 @@ for _core in ("numpy.core", "numpy._core"):
     _ALLOWED[(f"{_core}.multiarray", "scalar")] = lambda: _numpy("multiarray", "scalar")
     _ALLOWED[(f"{_core}.numeric", "_frombuffer")] = lambda: _numpy("numeric", "_frombuffer")
 del _core
+
+
+def _python3_name(module: str, name: str) -> tuple[str, str]:
+    """The Python 3 name of a Python 2 one, as ``pickle.Unpickler.find_class`` maps it (``fix_imports``)."""
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        return _compat_pickle.NAME_MAPPING[(module, name)]
+    return _compat_pickle.IMPORT_MAPPING.get(module, module), name
 
 
 class SafeUnpickler(pickle.Unpickler):
@@ -105,9 +128,11 @@ class SafeUnpickler(pickle.Unpickler):
         self.source = str(source)
 
     def find_class(self, module: str, name: str):  # noqa: D102 - pickle hook
-        make = _ALLOWED.get((module, name))
+        py3 = _python3_name(module, name)
+        make = _ALLOWED.get(py3)
         if make is None:
-            raise DataError(f"{self.source}: pickle refers to {module}.{name}, which is not allowed (only "
+            alias = "" if py3 == (module, name) else f" (Python 3: {py3[0]}.{py3[1]})"
+            raise DataError(f"{self.source}: pickle refers to {module}.{name}{alias}, which is not allowed (only "
                             "RLBench Demo/Observation and numpy arrays are); refusing to load it",
                             file=self.source, field=f"{module}.{name}", reason="forbidden_class")
         return make()

@@ -15,7 +15,8 @@
   and ranked search over plans (``lf plan``); :func:`calibrate` / :func:`calibration_for`: rates measured on
   the local GPU, cached, and used for clusters of that GPU model.
 - :func:`save_checkpoint` / :func:`load_checkpoint`: atomic DCP checkpoints that load
-  under another plan.
+  under another plan; read without running code from the folder (:class:`SafeFileSystemReader`,
+  :class:`SafeLoadPlanner`, :func:`safe_torch_load`, :class:`UnsafeCheckpointError`).
 - :func:`clip_grad_norm_` / :func:`total_norm`: the whole model's gradient norm (and clipping by it) over
   any mix of plain tensors and DTensors on any meshes, combined over pipeline stages.
 """
@@ -66,6 +67,13 @@ from lf_parallel._pipeline import (
 from lf_parallel._pipeline_mm import MultimodalStageModule, build_multimodal_pipeline
 from lf_parallel._plan import ComponentPlan, Plan, PlanError, check_plan, choose_plan, parse_plan
 from lf_parallel._ring import ring_attention
+from lf_parallel._safe_load import (
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    UnsafeCheckpointError,
+    pickle_globals,
+    safe_torch_load,
+)
 from lf_parallel._search import Candidate, NoFeasiblePlan, SearchResult, search_plans
 from lf_parallel._stages import StageSpec, balanced_partition, split_stages, stage_ranks, trunk_component
 from lf_parallel._tensor_parallel import apply_tensor_parallel, loss_parallel_context, tensor_parallel_styles
@@ -78,7 +86,8 @@ __all__ = [
     "MultimodalStageModule", "build_multimodal_pipeline",
     "Calibration", "Candidate", "Cluster", "ClusterError", "ComponentPlan", "ContextParallel", "DistContext",
     "GPUSpec", "GPU_CATALOGUE", "MARKER", "MESH_DIMS", "NoFeasiblePlan", "PendingCheckpoint", "PipelineStageModule",
-    "Plan", "PlanError", "SCHEDULES", "SIDE_KWARGS", "SearchResult", "StageSpec", "StepCost", "apply_context_parallel",
+    "Plan", "PlanError", "SCHEDULES", "SIDE_KWARGS", "SafeFileSystemReader", "SafeLoadPlanner", "SearchResult",
+    "StageSpec", "StepCost", "UnsafeCheckpointError", "apply_context_parallel",
     "apply_data_parallel", "apply_tensor_parallel", "apply_zero", "async_save_checkpoint", "balanced_partition",
     "bubble_fraction", "bubble_micro_batches", "build_mesh", "build_optimizer", "build_pipeline",
     "build_stage_module", "calibrate", "calibration_for", "check_plan", "check_ulysses_heads", "checkpoint_extra",
@@ -86,8 +95,9 @@ __all__ = [
     "detect_cluster", "dp_mesh",
     "flat_dp_group", "gather_sequence", "global_sum", "gpu_spec", "head_to_seq", "init_distributed", "is_complete",
     "latest_checkpoint", "load_calibration", "load_checkpoint", "loss_parallel_context", "make_cluster",
-    "mesh_shape", "mixed_precision_policy", "parallelize", "parse_plan", "pipeline_step", "read_full_tensors",
-    "resolve_device", "ring_attention", "save_calibration", "save_checkpoint", "search_plans", "seq_to_head",
+    "mesh_shape", "mixed_precision_policy", "parallelize", "parse_plan", "pickle_globals", "pipeline_step",
+    "read_full_tensors", "resolve_device", "ring_attention", "safe_torch_load", "save_calibration", "save_checkpoint",
+    "search_plans", "seq_to_head",
     "shard_sequence", "shutdown", "split_stages", "stage_ranks", "step_cost", "tensor_kind_groups",
     "tensor_parallel_styles", "total_norm", "trunk_component", "ulysses_attention", "unwrap", "zigzag_positions",
 ]

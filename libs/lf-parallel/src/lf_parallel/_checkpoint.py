@@ -15,6 +15,10 @@ and renames it to ``dst`` (one ``os.replace``, atomic on POSIX). A folder withou
 marker is never loaded, so a crash mid-write leaves only a ``.tmp`` folder that the
 next save of that step replaces.
 
+Loading runs no code from the folder: every DCP read goes through :mod:`._safe_load` (allow-listed
+``.metadata`` unpickler, ``weights_only=True`` for the shards' non-tensor items); a refused file raises
+:class:`~lf_parallel.UnsafeCheckpointError` naming it and the class it named.
+
 :func:`async_save_checkpoint` copies the state to CPU memory now and writes it in a
 background thread (``dcp.async_save``) over its own gloo process group, so the
 training collectives of the main thread never interleave with the checkpoint's; the
@@ -37,6 +41,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from lf_parallel._safe_load import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpointError
 
 MARKER = ".lf_complete"
 """File whose presence marks a checkpoint folder as completely written."""
@@ -198,12 +204,25 @@ def _require_files(src: Path) -> None:
     """Refuse a complete-marked checkpoint whose DCP files were removed since (before DCP's own traceback)."""
     if not (src / ".metadata").is_file():
         raise FileNotFoundError(f"checkpoint {src} is damaged: its DCP index {src / '.metadata'} is missing")
-    meta = dcp.FileSystemReader(str(src)).read_metadata()
+    meta = SafeFileSystemReader(str(src)).read_metadata()
     names = sorted({getattr(info, "relative_path", None) for info in (meta.storage_data or {}).values()} - {None})
     missing = [n for n in names if not (src / n).is_file()]
     if missing:
         raise FileNotFoundError(f"checkpoint {src} is damaged: shard file(s) {missing} listed in its .metadata "
                                 f"are missing")
+
+
+def _safe_dcp_load(state: dict, src: Path, no_dist: bool) -> None:
+    """``dcp.load`` through the safe reader and planner; a refusal on any rank is re-raised as itself."""
+    try:
+        with _single_process_quiet():
+            dcp.load(state, storage_reader=SafeFileSystemReader(str(src)), planner=SafeLoadPlanner(src),
+                     no_dist=no_dist)
+    except dcp.CheckpointException as err:  # DCP gathers every rank's exception into one
+        refused = [exc for exc, _ in err.failures.values() if isinstance(exc, UnsafeCheckpointError)]
+        if refused:
+            raise refused[0] from None
+        raise
 
 
 def checkpoint_extra(src: str | os.PathLike) -> dict:
@@ -224,13 +243,14 @@ def load_checkpoint(src: str | os.PathLike, model: nn.Module, optimizer=None) ->
     Raises:
         FileNotFoundError: ``src`` is missing or has no completion marker (an interrupted write), or its
             DCP ``.metadata`` or a shard file it lists was removed after the write.
+        UnsafeCheckpointError: ``.metadata`` or a shard's non-tensor item names a class lf does not load
+            (names the file and the class; nothing of it ran).
     """
     src = Path(src)
     extra = checkpoint_extra(src)
     _require_files(src)
     state = _state(model, optimizer)
-    with _single_process_quiet():
-        dcp.load(state, checkpoint_id=str(src), no_dist=_no_dist())
+    _safe_dcp_load(state, src, _no_dist())
     set_state_dict(model, _local_optimizer(optimizer), model_state_dict=state["model"],
                    optim_state_dict=state.get("optim", {}), options=_OPTIONS)
     return extra
@@ -242,17 +262,17 @@ def read_full_tensors(src: str | os.PathLike, prefix: str = "model.") -> dict[st
 
     Raises:
         FileNotFoundError: ``src`` is missing or incomplete.
+        UnsafeCheckpointError: ``.metadata`` names a class lf does not load (names the file and the class).
     """
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     src = Path(src)
     _require_complete(src)
     _require_files(src)
-    meta = dcp.FileSystemReader(str(src)).read_metadata()
+    meta = SafeFileSystemReader(str(src)).read_metadata()
     state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.state_dict_metadata.items()
              if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
-    with _single_process_quiet():
-        dcp.load(state, checkpoint_id=str(src), no_dist=True)
+    _safe_dcp_load(state, src, True)
     return {k.removeprefix(prefix): v for k, v in state.items()}
 
 

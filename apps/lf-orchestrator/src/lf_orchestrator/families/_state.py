@@ -38,10 +38,12 @@ from lf_orchestrator.checkpoint import damaged, load_weights, write_text_atomic
 from lf_parallel import (
     MARKER,
     PendingCheckpoint,
+    UnsafeCheckpointError,
     async_save_checkpoint,
     checkpoint_extra,
     is_complete,
     load_checkpoint,
+    safe_torch_load,
     save_checkpoint,
 )
 
@@ -183,6 +185,7 @@ class FamilyCheckpointer:
 
         Raises:
             FileNotFoundError: ``path`` is missing or incomplete, or lacks ``train_state.pt`` (names the file).
+            UnsafeCheckpointError: a pickle of the folder names a class lf does not load (names file and class).
         """
         path = Path(path)
         extra = checkpoint_extra(path)
@@ -192,10 +195,14 @@ class FamilyCheckpointer:
                                     f"another trainer?)")
         try:
             load_checkpoint(path, module, optimizer)
+        except UnsafeCheckpointError:  # names the file and the class it refused; not damage to delete
+            raise
         except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
             raise damaged(path, "the DCP shards", err) from None
         try:
-            train_state = torch.load(state_file, map_location="cpu", weights_only=True)
+            train_state = safe_torch_load(state_file)
+        except UnsafeCheckpointError:
+            raise
         except Exception as err:
             raise damaged(path, TRAIN_STATE_FILE, err) from None
         return train_state, extra
