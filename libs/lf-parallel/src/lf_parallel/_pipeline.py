@@ -45,7 +45,6 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 from torch.distributed.pipelining import (
-    PipelineStage,
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
@@ -54,6 +53,7 @@ from torch.distributed.pipelining import (
 
 from lf_ir import ComponentModule, Graph, LMHead
 from lf_kernels import MaskSpec
+from lf_parallel._pipeline_stage import LfPipelineStage
 from lf_parallel._stages import StageSpec, split_stages
 
 __all__ = ["SCHEDULES", "SIDE_KWARGS", "PipelineStageModule", "build_pipeline", "build_stage_module", "pipeline_step"]
@@ -208,7 +208,7 @@ def build_pipeline(graph: Graph, *, pp_rank: int, pp: int, schedule: str, n_micr
         module = materialize(module, device, seed)
         run = parallelize(module) if parallelize is not None else module
         modules.append(getattr(run, "module", run) if run is not module else module)
-        stages.append(PipelineStage(run, spec.index, pp * virtual_stages, device, group=group))
+        stages.append(LfPipelineStage(run, spec.index, pp * virtual_stages, device, group=group))
     cls = SCHEDULES[schedule]
     sched = cls(stages[0] if schedule in _SINGLE_STAGE else stages, n_microbatches, loss_fn=loss_fn,
                 scale_grads=scale_grads)
