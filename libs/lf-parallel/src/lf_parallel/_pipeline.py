@@ -17,6 +17,11 @@ Schedules (``Plan.pp_schedule``) and where they run (checked with torch 2.13):
   The V-shaped ``ScheduleZBVZeroBubble`` / ``ScheduleDualPipeV`` fail on gloo
   (DESIGN.md, "Known CPU gaps") and are not offered.
 
+Stages are :class:`lf_parallel._pipeline_stage.LfPipelineStage`: torch's ``PipelineStage`` whose split
+(input / weight) backward differentiates the parameters the forward used, so ``zero_bubble`` is exact under
+FSDP2 ZeRO-3 too (torch's takes ``submod.parameters()``, the resharded blocks' sharded parameters, and drops
+their weight gradients).
+
 The loss goes through the schedule's ``loss_fn(output, target)`` on the last
 stage; the schedule splits the batch into ``n_microbatches`` along dim 0 and
 averages gradients over them (``scale_grads=True``), so with a mean loss per
