@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 from lf_orchestrator.cli import app
@@ -40,8 +41,6 @@ def test_plans_the_harness_does_not_run_are_refused_by_name():
     """Oracle: what the harness runs (lf_parallel._harness: no pipeline schedule, one backward per step, the
     job's dtype, no clipping). A plan with pp > 1, grad_accum > 1 or a mixed precision, as --plan or
     --reshard-to, exits 2 before any process starts, naming the field; the library refuses it too."""
-    import pytest
-
     from lf_parallel import PlanError
     from lf_parallel._harness import Job, run_jobs
 
