@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 from lf_orchestrator.cli import app
@@ -48,3 +49,26 @@ def test_check_clips_tensor_parallel_x_zero3_like_one_process(monkeypatch):
     found = re.search(r"max_rel_loss=(\S+) max_rel_grad=(\S+) max_rel_param=\S+ max_rel_grad_norm=(\S+)", out.output)
     assert found and max(float(found[1]), float(found[2]), float(found[3])) <= 1e-5, out.output
     assert out.output.rstrip().endswith("OK")
+
+
+def test_plans_the_harness_does_not_run_are_refused_by_name():
+    """Oracle: what the harness runs (lf_parallel._harness: no pipeline schedule, one backward per step, the
+    job's dtype). A plan with pp > 1, grad_accum > 1 or a mixed precision, as --plan or
+    --reshard-to, exits 2 before any process starts, naming the field; the library refuses it too."""
+    from lf_parallel import PlanError
+    from lf_parallel._harness import Job, run_jobs
+
+    cases = [("pp=2,schedule=gpipe", "pp=2: lf parallel check does not run pipeline schedules"),
+             ("pp=2,grad_accum=2", "pp=2: lf parallel check does not run pipeline schedules"),
+             ("dp=2,grad_accum=2", "grad_accum=2: lf parallel check does not accumulate micro-batches"),
+             ("dp=2,zero=1,precision=bf16", "precision=bf16: lf parallel check does not run mixed precision")]
+    for plan, why in cases:
+        for args in (["--plan", plan], ["--plan", "dp=2", "--reshard-to", plan]):
+            out = runner.invoke(app, ["parallel", "check", "--recipe", "llama3", "--nproc", "2", *args])
+            assert out.exit_code == 2, (args, out.output)
+            text = " ".join(out.output.split())
+            assert f"{args[-2]} {why}" in text and f"parallel.spec='{plan}'" in text, text
+    with pytest.raises(PlanError, match="pp=2: lf parallel check does not run pipeline schedules"):
+        run_jobs([Job(recipe="llama3", plan="pp=2,grad_accum=2")], nproc=2)
+    helped = " ".join(runner.invoke(app, ["parallel", "check", "--help"]).output.split())
+    assert "gradients clipped to --grad-clip" in helped and "pp > 1, grad_accum > 1" in helped, helped

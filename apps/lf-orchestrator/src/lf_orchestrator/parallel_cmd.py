@@ -7,6 +7,12 @@ and prints the largest relative differences of the losses, the gradient norms, t
 step's gradients (gathered to full tensors) and the parameters. Exit status 1 when a loss,
 gradient norm or gradient differs by more than ``--tol``; 2 for an invalid plan (rejected
 before any process starts).
+
+The harness is not the recipe trainer: it runs tensor / sequence / context parallel and data parallel with
+ZeRO 0-3 (HSDP) with one backward per step, and refuses by name (exit 2) the plan
+fields it does not run: ``pp > 1``, ``grad_accum > 1`` and mixed ``precision`` (see
+:func:`lf_parallel._harness.harness_unsupported`); train those with ``lf launch ... --device cpu`` and compare
+with one process.
 """
 
 from __future__ import annotations
@@ -45,9 +51,14 @@ def check(recipe: Annotated[str, typer.Option(
                    "key bias, differ by float32 round-off alone)")] = "float32",
           dry_run: Annotated[bool, typer.Option("--dry-run", help="Only validate the plan against the model.")]
           = False):
-    """Max relative difference of losses and gradients of a plan vs. the single-process run."""
-    from lf_parallel._harness import Job, _build_graph_only, resolve_plan, run_jobs
-    from lf_parallel._plan import PlanError
+    """Max relative difference of losses and gradients of a plan vs. the single-process run.
+
+    Runs lf-parallel's harness, not the recipe trainer: tensor / sequence / context parallel and data parallel
+    (ZeRO 0-3, HSDP), one backward per step, gradients clipped to --grad-clip. Plans with pp > 1, grad_accum > 1 or a
+    mixed precision are refused (exit 2): check those with `lf launch ... --device cpu` against one process.
+    """
+    from lf_parallel._harness import Job, _build_graph_only, harness_unsupported, resolve_plan, run_jobs
+    from lf_parallel._plan import PlanError, parse_plan
 
     if nproc < 2 or steps < 1:
         _fail(f"--nproc must be >= 2 and --steps >= 1, got {nproc} and {steps}")
@@ -58,9 +69,13 @@ def check(recipe: Annotated[str, typer.Option(
     job = Job(recipe=recipe, size=size, plan=plan, steps=steps, global_batch=global_batch, reshard_to=reshard_to,
               dtype=dtype, grad_clip=grad_clip)
     try:
+        texts = [("--plan", plan)] + ([("--reshard-to", reshard_to)] if reshard_to else [])
+        for option, text in texts:
+            why = harness_unsupported(parse_plan(text), text)
+            if why is not None:
+                _fail(f"{option} {why}")
         graph, _ = _build_graph_only(job)
-        plans = [resolve_plan(text, world_size=nproc, global_batch=global_batch, graph=graph)
-                 for text in filter(None, (plan, reshard_to))]
+        plans = [resolve_plan(text, world_size=nproc, global_batch=global_batch, graph=graph) for _, text in texts]
     except (PlanError, ValueError) as err:
         _fail(str(err))
     for p in plans:
@@ -77,6 +92,7 @@ def check(recipe: Annotated[str, typer.Option(
     table.add_row("gradients against the model's largest gradient", f"{result.grad_rel_model:.2e}")
     table.add_row(f"parameters (after step {steps}, worst: {result.worst_param})", f"{result.param_rel:.2e}")
     make_console().print(table)
+    print(f"(harness: one backward per step, gradients clipped to {grad_clip:g})")
     print("losses:    " + " ".join(f"{x:.6f}" for x in result.losses))
     print("reference: " + " ".join(f"{x:.6f}" for x in result.ref_losses))
     print(f"max_rel_loss={result.loss_rel:.3e} max_rel_grad={result.grad_rel:.3e} "

@@ -11,6 +11,15 @@ small machine); the reference runs in the calling process meanwhile.
 Relative difference of a tensor: ``max|a - b| / max|b|`` (the worst element against
 the tensor's scale, so entries near zero do not blow it up); of a run: the largest
 over its tensors.
+
+What it runs: the plan's tensor (+ sequence) parallel, context parallel, data parallel with ZeRO 0-3 and
+HSDP, per-component overrides, and a DCP reshard (``Job.reshard_to``): one forward and backward of each dp
+rank's share of the global batch per step, then AdamW, in ``Job.dtype``. What it does not run (refused by
+:func:`harness_unsupported`, never run as something else): pipeline parallel (``pp > 1``: the harness has
+no schedule, every pipeline rank would train the whole model), gradient accumulation (``grad_accum > 1``:
+one backward per step, so each rank would see ``1 / grad_accum`` of its samples) and mixed precision
+(``precision`` other than fp32). It clips gradients to ``Job.grad_clip``. The recipe trainer runs all of those
+(``lf launch CONFIG --device cpu`` against ``lf run CONFIG`` with ``run.device = 'cpu'`` and ``dp=1``).
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from lf_parallel._grad_norm import clip_grad_norm_
 from lf_parallel._harness_recipes import HARNESS_RECIPES, HarnessRecipe
 from lf_parallel._mesh import build_mesh, flat_dp_group
 from lf_parallel._parallelize import parallelize
-from lf_parallel._plan import Plan, parse_plan
+from lf_parallel._plan import Plan, PlanError, parse_plan
 from lf_parallel._plan_check import check_plan
 from lf_parallel._tensor_parallel import loss_parallel_context
 from lf_parallel._zero import build_optimizer
@@ -109,6 +118,33 @@ class CheckResult:
     @property
     def max_rel(self) -> float:
         return max(self.loss_rel, self.grad_rel, self.param_rel, self.grad_norm_rel)
+
+
+def harness_unsupported(plan: Plan, text: str = "...") -> str | None:
+    """Why the harness cannot check ``plan`` (the first plan field it does not run), or None.
+
+    Args:
+        plan: the parsed plan (:func:`parse_plan`; checking it against the model is not needed).
+        text: the plan as the user wrote it, quoted in the suggested ``lf launch`` command.
+
+    Returns:
+        A message naming the field and its value and saying how to check the plan instead, or None.
+    """
+    instead = (f"; train the plan with the recipe trainer instead (`lf launch CONFIG --device cpu "
+               f"--nproc-per-node {plan.world_size} --set \"parallel.plan='manual'\" "
+               f"--set \"parallel.spec='{text}'\"`) and compare its losses and grad norms with one process "
+               f"(`lf run CONFIG --set \"run.device='cpu'\" --set \"parallel.plan='manual'\" "
+               f"--set \"parallel.spec='dp=1'\"`)")
+    if plan.pp > 1:
+        return (f"pp={plan.pp}: lf parallel check does not run pipeline schedules yet (its harness has no "
+                f"pipeline: every pipeline rank would train the whole model){instead}")
+    if plan.grad_accum > 1:
+        return (f"grad_accum={plan.grad_accum}: lf parallel check does not accumulate micro-batches yet (one "
+                f"backward per step: each rank would train on 1/{plan.grad_accum} of its samples){instead}")
+    if plan.precision != "fp32":
+        return (f"precision={plan.precision}: lf parallel check does not run mixed precision (it trains in "
+                f"--dtype float32/float64 against a single process in that dtype){instead}")
+    return None
 
 
 def resolve_plan(text: str, *, world_size: int, global_batch: int, graph=None) -> Plan:
@@ -271,12 +307,16 @@ def run_jobs(jobs: list[Job], nproc: int) -> list[CheckResult]:
     """Run every job in one spawned world of ``nproc`` gloo CPU processes and compare with one process.
 
     Raises:
-        PlanError: a job's plan (or its ``reshard_to``) is invalid for ``nproc`` processes, before launch.
+        PlanError: a job's plan (or its ``reshard_to``) is invalid for ``nproc`` processes, or uses what the
+            harness does not run (:func:`harness_unsupported`), before launch.
         ProcessRaisedException: a worker failed (its traceback is in the message).
     """
     for job in jobs:
         graph, _ = _build_graph_only(job)
         for text in filter(None, (job.plan, job.reshard_to)):
+            why = harness_unsupported(parse_plan(text), text)
+            if why is not None:
+                raise PlanError(why)
             resolve_plan(text, world_size=nproc, global_batch=job.global_batch, graph=graph)
     with tempfile.TemporaryDirectory(prefix="lf-parallel-check-") as tmp:
         out = str(Path(tmp) / "results.pt")

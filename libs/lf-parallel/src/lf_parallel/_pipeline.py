@@ -17,6 +17,11 @@ Schedules (``Plan.pp_schedule``) and where they run (checked with torch 2.13):
   The V-shaped ``ScheduleZBVZeroBubble`` / ``ScheduleDualPipeV`` fail on gloo
   (DESIGN.md, "Known CPU gaps") and are not offered.
 
+Stages are :class:`lf_parallel._pipeline_stage.LfPipelineStage`: torch's ``PipelineStage`` whose split
+(input / weight) backward differentiates the parameters the forward used, so ``zero_bubble`` is exact under
+FSDP2 ZeRO-3 too (torch's takes ``submod.parameters()``, the resharded blocks' sharded parameters, and drops
+their weight gradients).
+
 The loss goes through the schedule's ``loss_fn(output, target)`` on the last
 stage; the schedule splits the batch into ``n_microbatches`` along dim 0 and
 averages gradients over them (``scale_grads=True``), so with a mean loss per
@@ -45,7 +50,6 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 from torch.distributed.pipelining import (
-    PipelineStage,
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
@@ -54,6 +58,7 @@ from torch.distributed.pipelining import (
 
 from lf_ir import ComponentModule, Graph, LMHead
 from lf_kernels import MaskSpec
+from lf_parallel._pipeline_stage import LfPipelineStage
 from lf_parallel._stages import StageSpec, split_stages
 
 __all__ = ["SCHEDULES", "SIDE_KWARGS", "PipelineStageModule", "build_pipeline", "build_stage_module", "pipeline_step"]
@@ -208,7 +213,7 @@ def build_pipeline(graph: Graph, *, pp_rank: int, pp: int, schedule: str, n_micr
         module = materialize(module, device, seed)
         run = parallelize(module) if parallelize is not None else module
         modules.append(getattr(run, "module", run) if run is not module else module)
-        stages.append(PipelineStage(run, spec.index, pp * virtual_stages, device, group=group))
+        stages.append(LfPipelineStage(run, spec.index, pp * virtual_stages, device, group=group))
     cls = SCHEDULES[schedule]
     sched = cls(stages[0] if schedule in _SINGLE_STAGE else stages, n_microbatches, loss_fn=loss_fn,
                 scale_grads=scale_grads)

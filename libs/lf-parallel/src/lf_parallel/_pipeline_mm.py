@@ -33,11 +33,11 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import PipelineStage
 
 from lf_ir import LMHead
 from lf_ir._pipeline_glue import PIPELINE_GLUE
 from lf_parallel._pipeline import _SINGLE_STAGE, SCHEDULES, check_schedule_args
+from lf_parallel._pipeline_stage import LfPipelineStage
 from lf_parallel._stages import StageSpec, split_stages
 
 __all__ = ["MultimodalStageModule", "build_multimodal_pipeline"]
@@ -155,7 +155,7 @@ def build_multimodal_pipeline(build_model: Callable[[], nn.Module], *, pp_rank: 
             module = MultimodalStageModule(build_model(), spec)
         module = materialize(module, device, seed)
         modules.append(module)
-        stages.append(PipelineStage(module, spec.index, pp * virtual_stages, device, group=group))
+        stages.append(LfPipelineStage(module, spec.index, pp * virtual_stages, device, group=group))
     cls = SCHEDULES[schedule]
     sched = cls(stages[0] if schedule in _SINGLE_STAGE else stages, n_microbatches, loss_fn=loss_fn,
                 scale_grads=scale_grads)
