@@ -20,6 +20,7 @@ from PIL import Image
 
 from ._errors import DataError, ErrorPolicy, is_lfs_pointer
 from ._lerobot_meta import EpisodeMeta, load_lerobot_meta
+from ._lerobot_time import DEFAULT_TOLERANCE_S, check_frame_timestamps, check_tolerance, check_video_span
 from ._video import count_frames, read_video_frames
 
 __all__ = ["LeRobotStream", "delta_indices"]
@@ -85,8 +86,11 @@ class LeRobotStream(torch.utils.data.IterableDataset):
     (``"skip"``): missing data/video files (``missing_file``), Git LFS pointers
     (``lfs_pointer``), video frame counts or parquet rows that differ from the
     episode length (``frame_count``), NaN/inf actions or states (``non_finite``),
-    episodes without a task (``missing_instruction``). Files are checked at init
-    (headers only), values when an episode is read.
+    episodes without a task (``missing_instruction``), timestamps off the frame grid
+    ``frame_index / fps`` by more than ``tolerance_s`` (``timestamp``: a v3.0
+    ``videos/<key>/from_timestamp`` or ``to_timestamp`` in ``meta/episodes``, checked at
+    init, or a frame's ``timestamp``; see :mod:`lf_data._lerobot_time`). Files are
+    checked at init (headers only), values when an episode is read.
 
     Args:
         root: dataset folder.
@@ -99,17 +103,21 @@ class LeRobotStream(torch.utils.data.IterableDataset):
         rank / world_size: read only episodes ``rank::world_size`` of the list
             (DataLoader workers split it further).
         on_error: ``"raise"`` or ``"skip"``.
+        tolerance_s: accepted distance in seconds of a timestamp from its frame-grid point (LeRobot's
+            ``tolerance_s``, default 1e-4).
 
     Raises:
         DataError: bad metadata, unknown feature or episode, or bad input under ``on_error="raise"``.
+        ValueError: ``action_horizon`` < 1, ``rank`` outside ``[0, world_size)``, ``tolerance_s`` < 0.
     """
 
     def __init__(self, root: str | Path, *, image_key: str | None = "", state_key: str = "observation.state",
                  action_key: str = "action", action_horizon: int = 1,
                  delta_timestamps: Mapping[str, Sequence[float]] | None = None,
                  episodes: Sequence[int] | None = None, rank: int = 0, world_size: int = 1,
-                 on_error: str = "raise") -> None:
+                 on_error: str = "raise", tolerance_s: float = DEFAULT_TOLERANCE_S) -> None:
         super().__init__()
+        self.tolerance_s = check_tolerance(tolerance_s)
         self.meta = load_lerobot_meta(root)
         self._policy = ErrorPolicy(on_error, "LeRobotStream")
         feats, info_path = self.meta.features, self.meta.root / "meta/info.json"
@@ -170,6 +178,8 @@ class LeRobotStream(torch.utils.data.IterableDataset):
             if is_lfs_pointer(path):
                 raise DataError(f"{path}: Git LFS pointer file in place of the {what} (episode {m.index}; "
                                 "run `git lfs pull`)", file=path, episode=m.index, field=key, reason="lfs_pointer")
+        for key, (start, stop) in m.video_spans.items():
+            check_video_span(m.meta_file, m.index, key, start, stop, m.length, self.meta.fps, self.tolerance_s)
         for key, (path, first) in m.videos.items():
             if path not in self._video_frames:
                 self._video_frames[path] = count_frames(path, field=key, episode=m.index).frames
@@ -194,6 +204,9 @@ class LeRobotStream(torch.utils.data.IterableDataset):
             raise DataError(f"{m.data_file}: episode {m.index} has {got} rows from row {m.row_start}, metadata "
                             f"says length {m.length}", file=m.data_file, episode=m.index, field="episode_index",
                             reason="frame_count")
+        if "timestamp" in table.column_names:
+            check_frame_timestamps(rows.column("timestamp").to_numpy(), rows.column("frame_index").to_numpy(),
+                                   np.full(len(rows), m.index), self.meta.fps, self.tolerance_s, file=m.data_file)
         return rows
 
     def _column(self, rows: pa.Table, key: str, m: EpisodeMeta) -> np.ndarray:
