@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from ._errors import DataError, is_lfs_pointer
 from ._lerobot_format import task_column
 
-__all__ = ["EpisodeMeta", "LeRobotMeta", "detect_format", "load_lerobot_meta"]
+__all__ = ["EpisodeMeta", "LeRobotMeta", "detect_format", "load_lerobot_meta", "read_stats"]
 
 V21_VERSIONS = ("v2.0", "v2.1")
 V30_VERSIONS = ("v3.0",)
@@ -104,6 +104,28 @@ def _jsonl(path: Path) -> list[dict]:
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{n}: not valid JSON ({e})", file=path, record=n, reason="invalid") from e
     return rows
+
+
+def read_stats(root: str | Path) -> dict:
+    """A LeRobot v3.0 dataset's ``meta/stats.json`` (feature -> statistics), which training needs.
+
+    The one check of that file: ``LeRobotDataset`` (so ``lf run``) raises its error and ``lf data inspect``
+    reports it as a problem, in the same words.
+
+    Raises:
+        FileNotFoundError: the file is missing (the message names it and what needs it).
+        DataError: a Git LFS pointer, not valid JSON, or not a JSON object of features.
+    """
+    path = Path(root) / "meta/stats.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"LeRobot dataset file missing: {path} (training reads the state and action "
+                                "statistics from it: normalization and the action tokenizer's bounds; `lf data "
+                                "convert` and LeRobot's writers produce it)")
+    stats = _json(path)
+    if not isinstance(stats, dict):
+        raise DataError(f"{path}: expected a JSON object of feature statistics, got {type(stats).__name__}",
+                        file=path, reason="invalid")
+    return stats
 
 
 def _table(path: Path) -> pa.Table:

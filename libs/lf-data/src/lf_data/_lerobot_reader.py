@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 
 from . import _lerobot_format as fmt
+from ._lerobot_meta import read_stats
 from ._lerobot_time import DEFAULT_TOLERANCE_S, check_frame_timestamps, check_tolerance
 from ._windows import action_window, check_index
 
@@ -138,7 +139,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
                              "only 'image' (PNG in parquet) is supported, not video")
         self.fps: int = int(self.info["fps"])
         self.tolerance_s = check_tolerance(tolerance_s)
-        self.stats: dict = _load_json(self.root / fmt.STATS_PATH)
+        self.stats: dict = read_stats(self.root)
         tasks_path = self.root / fmt.TASKS_PATH
         task_table = _read_parquet(tasks_path)
         column = fmt.task_column(task_table)

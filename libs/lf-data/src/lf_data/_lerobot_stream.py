@@ -119,7 +119,7 @@ class LeRobotStream(torch.utils.data.IterableDataset):
         super().__init__()
         self.tolerance_s = check_tolerance(tolerance_s)
         self.meta = load_lerobot_meta(root)
-        self._policy = ErrorPolicy(on_error, "LeRobotStream")
+        self._policy = ErrorPolicy(on_error)
         feats, info_path = self.meta.features, self.meta.root / "meta/info.json"
         visual = [k for k, ft in feats.items() if ft.get("dtype") in ("video", "image")]
         self.image_key = (visual[0] if visual else None) if image_key == "" else image_key
@@ -160,6 +160,11 @@ class LeRobotStream(torch.utils.data.IterableDataset):
     def problems(self) -> list[str]:
         """Messages of the skipped items, in order."""
         return list(self._policy.problems)
+
+    @property
+    def errors(self) -> list[DataError]:
+        """The skipped items' errors, in order (file, episode, field and reason of each)."""
+        return list(self._policy.errors)
 
     @property
     def num_frames(self) -> int:
