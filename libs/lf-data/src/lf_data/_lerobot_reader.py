@@ -235,6 +235,11 @@ class LeRobotDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self._rows)
 
+    @property
+    def frame_actions(self) -> np.ndarray:
+        """float32 ``(N, D_a)``: the action of every selected frame, in this dataset's index order (a copy)."""
+        return self._action[self._rows]
+
     def image(self, i: int) -> np.ndarray:
         """uint8 ``(H, W, 3)`` image of frame ``i`` (this dataset's index space)."""
         if self._images is not None:
