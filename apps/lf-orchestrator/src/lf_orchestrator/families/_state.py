@@ -193,7 +193,7 @@ class FamilyCheckpointer:
         try:
             load_checkpoint(path, module, optimizer)
         except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
-            raise damaged(path, "the DCP shards", err) from None
+            raise damaged(path, "the DCP shards", err, plural=True) from None
         try:
             train_state = torch.load(state_file, map_location="cpu", weights_only=True)
         except Exception as err:
