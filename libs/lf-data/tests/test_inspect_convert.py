@@ -160,3 +160,28 @@ def test_exact_quantiles_pass_for_any_frame_count(n):
     assert quantile_problems(stored, x, "action", "stats.json") == []
     stored["q01"][0] = float(x[:, 0].min()) - 1.0  # below every value: seen once one value is under 0.5%
     assert (quantile_problems(stored, x, "action", "stats.json") != []) == (n > 200)
+
+
+def test_messages_name_the_file_or_argument_not_the_function(v21, tmp_path):
+    """Oracle: the contract for user-facing errors: they start with the file or the argument at fault, never
+    with an lf-data function's name (they said ``write_lerobot_v3: ...``, ``convert_dataset: ...``)."""
+    import lf_data
+
+    root, _ = v21
+    convert_dataset(root, tmp_path / "v3")
+    feats = {"action": {"dtype": "float32", "shape": [1]}}
+    cases = [
+        (lambda: write_lerobot_v3(tmp_path / "v3", [], fps=10, features=feats), f"{tmp_path / 'v3'}: out_dir exists"),
+        (lambda: write_lerobot_v3(tmp_path / "empty", [], fps=10, features=feats),
+         f"{tmp_path / 'empty'}: no episodes were given"),
+        (lambda: convert_dataset(tmp_path / "v3", tmp_path / "x"), f"{tmp_path / 'v3'}: already LeRobot v3.0"),
+        (lambda: convert_dataset(root, tmp_path / "x", to="rlds"), "to must be 'lerobot-v3', got 'rlds'"),
+        (lambda: compute_stats(np.zeros((0, 2))), "array has no rows"),
+        (lambda: LeRobotDataset(tmp_path / "v3", image_key=CAM, action_horizon=0), "action_horizon must be >= 1"),
+        (lambda: lf_data.LeRobotStream(root, rank=2, world_size=2), "rank must be in [0, world_size)"),
+    ]
+    for call, start in cases:
+        with pytest.raises((ValueError, FileExistsError)) as err:
+            call()
+        assert str(err.value).startswith(start), str(err.value)
+        assert str(err.value).split(":")[0] not in dir(lf_data)

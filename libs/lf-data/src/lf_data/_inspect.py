@@ -177,11 +177,11 @@ def convert_dataset(src: str | Path, dst: str | Path, *, to: str = "lerobot-v3",
     from ._lerobot_writer import write_lerobot_v3
 
     if to != "lerobot-v3":
-        raise ValueError(f"convert_dataset: to must be 'lerobot-v3', got {to!r}")
+        raise ValueError(f"to must be 'lerobot-v3', got {to!r}")
     src = Path(src)
     fmt_name = detect_format(src)
     if fmt_name == "lerobot-v3.0":
-        raise ValueError(f"convert_dataset: {src} is already LeRobot v3.0")
+        raise ValueError(f"{src}: already LeRobot v3.0, nothing to convert")
     policy = ErrorPolicy(on_error)
     count = {"episodes": 0}
 

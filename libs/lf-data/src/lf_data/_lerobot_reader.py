@@ -119,9 +119,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
         tolerance_s: float = DEFAULT_TOLERANCE_S,
     ) -> None:
         if int(action_horizon) < 1:
-            raise ValueError(f"LeRobotDataset: action_horizon must be >= 1, got {action_horizon}")
+            raise ValueError(f"action_horizon must be >= 1, got {action_horizon}")
         if max_frames is not None and int(max_frames) < 1:
-            raise ValueError(f"LeRobotDataset: max_frames must be >= 1 (or None for whole episodes), got {max_frames}")
+            raise ValueError(f"max_frames must be >= 1 (or None for whole episodes), got {max_frames}")
         self.root = Path(root)
         self.action_horizon = int(action_horizon)
         info_path = self.root / fmt.INFO_PATH
@@ -160,8 +160,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
         chosen = sorted(bounds) if episodes is None else [int(e) for e in episodes]
         unknown = [e for e in chosen if e not in bounds]
         if unknown or len(set(chosen)) != len(chosen):
-            raise ValueError(f"LeRobotDataset: episodes must be distinct indices of {sorted(bounds)[:5]}..."
-                             f"{max(bounds)} ({len(bounds)} episodes), got unknown={unknown} or duplicates")
+            raise ValueError(f"{self.root}: episodes must be distinct indices of its episodes "
+                             f"{sorted(bounds)[:5]}...{max(bounds)} ({len(bounds)} episodes), got unknown={unknown} "
+                             "or duplicates")
 
         self._load_frames(feats, image_key, state_key, action_key)
         if tasks is not None:
@@ -193,13 +194,13 @@ class LeRobotDataset(torch.utils.data.Dataset):
 
         unknown = [t for t in tasks if t not in self.tasks]
         if unknown:
-            raise ValueError(f"LeRobotDataset: task {unknown[0]!r} is not in {self.root} (its tasks: {listed()})")
+            raise ValueError(f"{self.root}: task {unknown[0]!r} is not in the dataset (its tasks: {listed()})")
         wanted = {self.tasks.index(t) for t in tasks}
         kept = [e for e in chosen if int(self._task[bounds[e][0]]) in wanted]
         found = {int(self._task[bounds[e][0]]) for e in kept}
         empty = [t for t in tasks if self.tasks.index(t) not in found]
         if empty:
-            raise ValueError(f"LeRobotDataset: task {empty[0]!r} of {self.root} has no episode among the selected "
+            raise ValueError(f"{self.root}: task {empty[0]!r} has no episode among the selected "
                              f"{len(chosen)} (its tasks: {listed()})")
         return kept
 

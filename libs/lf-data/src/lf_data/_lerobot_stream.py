@@ -129,17 +129,17 @@ class LeRobotStream(torch.utils.data.IterableDataset):
                 raise DataError(f"{info_path}: feature {key!r} missing (features: {sorted(feats)})",
                                 file=info_path, field=key)
         if int(action_horizon) < 1:
-            raise ValueError(f"LeRobotStream: action_horizon must be >= 1, got {action_horizon}")
+            raise ValueError(f"action_horizon must be >= 1, got {action_horizon}")
         self.state_key, self.action_key, self.action_horizon = state_key, action_key, int(action_horizon)
         self.deltas = delta_indices(delta_timestamps or {}, self.meta.fps)
         by_index = {m.index: m for m in self.meta.episodes}
         chosen = [m.index for m in self.meta.episodes] if episodes is None else [int(e) for e in episodes]
         unknown = [e for e in chosen if e not in by_index]
         if unknown:
-            raise DataError(f"LeRobotStream: episodes {unknown} not in {self.meta.root} "
+            raise DataError(f"{self.meta.root}: episodes {unknown} are not in the dataset "
                             f"({len(by_index)} episodes)", file=self.meta.root)
         if not 0 <= rank < world_size:
-            raise ValueError(f"LeRobotStream: need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
+            raise ValueError(f"rank must be in [0, world_size), got rank={rank} world_size={world_size}")
         self._video_frames: dict[Path, int] = {}
         self.episodes: list[EpisodeMeta] = []
         """Episodes that passed the file checks, in reading order (this rank's share)."""

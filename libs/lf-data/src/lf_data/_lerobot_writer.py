@@ -103,7 +103,7 @@ def write_lerobot_v3(
     """
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"write_lerobot_v3: out_dir {out} exists and is not empty")
+        raise FileExistsError(f"{out}: out_dir exists and is not empty")
     all_features = _check_features(features)
     user_keys = [k for k in all_features if k not in fmt.DEFAULT_FEATURES]
     schema = pa.schema([(k, fmt.arrow_type(all_features[k])) for k in all_features],
@@ -111,7 +111,7 @@ def write_lerobot_v3(
     task_list = list(tasks or [])
     task_index = {t: i for i, t in enumerate(task_list)}
     if len(task_index) != len(task_list):
-        raise ValueError(f"write_lerobot_v3: tasks contain duplicates: {task_list}")
+        raise ValueError(f"tasks contain duplicates: {task_list}")
 
     numeric: dict[str, list[np.ndarray]] = {k: [] for k in all_features if all_features[k]["dtype"] != "image"}
     hists: dict[str, np.ndarray] = {}
@@ -166,7 +166,7 @@ def write_lerobot_v3(
         if writer is not None:
             writer.close()
     if not ep_rows:
-        raise ValueError("write_lerobot_v3: no episodes were given")
+        raise ValueError(f"{out}: no episodes were given, nothing to write")
 
     stats = {k: compute_stats(np.concatenate(v)) for k, v in numeric.items()}
     stats.update({k: image_stats_from_histograms(h, total) for k, h in hists.items()})

@@ -101,7 +101,7 @@ def read_video_frames(path: str | Path, indices: Sequence[int], *, fps: float | 
         return np.zeros((0, 0, 0, 3), np.uint8)
     lo, hi = int(want.min()), int(want.max())
     if lo < 0:
-        raise ValueError(f"read_video_frames: negative frame index {lo} for {path}")
+        raise ValueError(f"{path}: negative frame index {lo}")
     got: dict[int, np.ndarray] = {}
     needed = set(want.tolist())
     with _open(path, field, episode) as c:
