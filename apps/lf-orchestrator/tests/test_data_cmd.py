@@ -103,3 +103,31 @@ def test_inspect_names_a_shared_broken_file_once(tmp_path):
     assert rep["problems"] == [f"{video}: video of feature {CAM!r} missing (episodes 0-2)"]
     text = " ".join(runner.invoke(app, ["data", "inspect", str(root)]).stdout.split())
     assert "1 problem (skipped: {'missing_file': 3}):" in text
+
+
+def test_inspect_lists_episodes_off_the_frame_grid(tmp_path):
+    """Oracle: the corrupted cell: episode 1's videos/<camera>/from_timestamp moved by 0.6 frame (which shifted
+    every frame of it by one, silently) is listed as a problem with its drift; --tolerance-s widens the grid."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(2)
+    eps = [{"task": "stack the cups", "frames": {CAM: rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8),
+                                                 "observation.state": rng.normal(size=(n, 2)).astype(np.float32),
+                                                 "action": rng.normal(size=(n, 2)).astype(np.float32)}}
+           for n in (3, 4, 5)]
+    root = write_lerobot_video(tmp_path / "v30", eps, version="v3.0", fps=15, features=FEATURES)
+    meta = root / "meta/episodes/chunk-000/file-000.parquet"
+    table = pq.read_table(meta)
+    column = f"videos/{CAM}/from_timestamp"
+    values = table[column].to_pylist()
+    values[1] = (3 + 0.6) / 15
+    pq.write_table(table.set_column(table.column_names.index(column), column, pa.array(values)), meta)
+    res = runner.invoke(app, ["data", "inspect", str(root), "--json"])
+    rep = json.loads(res.stdout)
+    assert res.exit_code == 1 and rep["skipped"] == {"timestamp": 1}
+    assert rep["problems"][0].startswith(f"{meta}: episode 1, frame 0: {column} = 0.240000 s is -0.026667 s off "
+                                         "the frame grid of 15 fps")
+    assert all("episode 1" not in p for p in rep["problems"][1:])  # the rest: stats of the episodes read
+    res = runner.invoke(app, ["data", "inspect", str(root), "--tolerance-s", "0.05", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["problems"] == []

@@ -66,14 +66,16 @@ def _fmt(values: list, n: int = 4) -> str:
 
 @data_app.command("inspect")
 def data_inspect(path: Annotated[Path, typer.Argument(help="Dataset folder (LeRobot v2.1/v3.0, RLDS, RLBench).")],
-                 as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False):
+                 as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+                 tolerance_s: Annotated[float, typer.Option(
+                     help="Accepted distance (seconds) of a LeRobot timestamp from frame_index / fps.")] = 1e-4):
     """Report format, episodes, frames, features, statistics, problems and notes; exit 1 if problems were found.
 
     Notes (e.g. failed generator episodes) are printed but do not fail the command."""
     from lf_data._inspect import inspect_dataset
 
     try:
-        report = inspect_dataset(path)
+        report = inspect_dataset(path, tolerance_s=tolerance_s)
     except (ValueError, FileNotFoundError) as err:
         _fail(str(err))
     if as_json:

@@ -16,6 +16,7 @@ import numpy as np
 from ._errors import DataError, ErrorPolicy
 from ._inspect_checks import check_stored_stats, report_errors
 from ._lerobot_meta import detect_format, read_stats
+from ._lerobot_time import DEFAULT_TOLERANCE_S
 from ._stats import compute_stats
 
 __all__ = ["convert_dataset", "inspect_dataset"]
@@ -56,10 +57,10 @@ def _generator_notes(info: dict, root: Path) -> list[str]:
             f"within max_steps and were not written" for task, n in failed.items() if n]
 
 
-def _inspect_lerobot(root: Path, fmt_name: str) -> dict:
+def _inspect_lerobot(root: Path, fmt_name: str, tolerance_s: float) -> dict:
     from ._lerobot_stream import LeRobotStream
 
-    ds = LeRobotStream(root, image_key=None, on_error="skip")
+    ds = LeRobotStream(root, image_key=None, on_error="skip", tolerance_s=tolerance_s)
     keys = _numeric_keys(ds.meta.features)
     values: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     policy = ErrorPolicy("skip")
@@ -102,11 +103,12 @@ def _open_robot(root: Path, fmt_name: str, on_error: str):
     return RLBenchDataset(root, on_error=on_error)
 
 
-def inspect_dataset(path: str | Path) -> dict:
+def inspect_dataset(path: str | Path, *, tolerance_s: float = DEFAULT_TOLERANCE_S) -> dict:
     """Report on a dataset folder: format, episodes, frames, features, recomputed statistics and problems.
 
     Every episode is read (videos: headers only) with ``on_error="skip"``, so
-    one report lists every problem found.
+    one report lists every problem found. ``tolerance_s``: accepted distance in
+    seconds of a LeRobot timestamp from its frame-grid point (``LeRobotStream``).
 
     Returns:
         ``{"format", "episodes", "frames", "frames_read", "fps", "tasks", "features":
@@ -123,7 +125,7 @@ def inspect_dataset(path: str | Path) -> dict:
     root = Path(path)
     fmt_name = detect_format(root)
     if fmt_name.startswith("lerobot"):
-        return _inspect_lerobot(root, fmt_name)
+        return _inspect_lerobot(root, fmt_name, tolerance_s)
     ds = _open_robot(root, fmt_name, "skip")
     first = ds[0] if len(ds) else None
     feats = {} if first is None else {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
