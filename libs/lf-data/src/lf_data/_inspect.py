@@ -74,15 +74,15 @@ def _inspect_lerobot(root: Path, fmt_name: str, tolerance_s: float) -> dict:
         frames += m.length
         for k in keys:
             values[k].append(arrays[k])
-    arrays = {k: np.concatenate(v) for k, v in values.items() if v}
-    stats = {k: compute_stats(v) for k, v in arrays.items()}
+    by_key = {k: np.concatenate(v) for k, v in values.items() if v}
+    stats = {k: compute_stats(v) for k, v in by_key.items()}
     problems = report_errors(ds.errors + policy.errors)
     if fmt_name == "lerobot-v3.0":
         try:
             read_stats(root)  # the check `lf run` makes (LeRobotDataset), in its words
         except (FileNotFoundError, DataError) as err:
             problems.append(str(err))
-    problems += check_stored_stats(ds.meta.stats, arrays, stats, str(root / "meta/stats.json"))
+    problems += check_stored_stats(ds.meta.stats, by_key, stats, str(root / "meta/stats.json"))
     skipped = dict(ds.skipped)
     for r, n in policy.skipped.items():
         skipped[r] = skipped.get(r, 0) + n
