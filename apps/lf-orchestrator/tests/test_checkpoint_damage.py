@@ -62,14 +62,14 @@ def test_truncated_dcp_shard_names_the_shards(tmp_path):
     shard.write_bytes(shard.read_bytes()[:40])
     for load in (load_weights, _load_dcp):
         with pytest.raises(CheckpointError, match=rf"checkpoint .*{path.name}: "
-                                                  r"the DCP shards is damaged .*delete"):
+                                                  r"the DCP shards are damaged .*delete"):
             load(path)
 
 
 def test_garbage_dcp_metadata_names_the_shards(tmp_path):
     path = _dcp(tmp_path)
     (path / ".metadata").write_bytes(b"\x80\x04garbage")
-    with pytest.raises(CheckpointError, match="the DCP shards is damaged") as err:
+    with pytest.raises(CheckpointError, match="the DCP shards are damaged") as err:
         load_weights(path)
     assert "weights_only" not in str(err.value)
 

@@ -64,19 +64,70 @@ def test_unknown_layout_and_metaworld_still_registered(tmp_path):
     assert runner.invoke(app, ["data", "metaworld", "--help"]).exit_code == 0
 
 
-def test_inspect_notes_missing_stats_without_failing(v21, tmp_path):
-    """Oracle: the converted LeRobot v3.0 folder with meta/stats.json deleted: the report carries one note naming
-    the file (exit 0, not "no problems" alone); with the file present there is no note."""
+def test_inspect_reports_missing_stats_as_lf_run_does(v21, tmp_path):
+    """Oracle: the error LeRobotDataset raises (what `lf run` stops with) on the converted LeRobot v3.0 folder
+    with meta/stats.json deleted: inspect reports that same message as its one problem and exits 1 (it said "no
+    problems found" and exited 0)."""
+    from lf_data import LeRobotDataset
+
     out = runner.invoke(app, ["data", "convert", str(v21), str(tmp_path / "v3")])
     assert out.exit_code == 0, out.output
     rep = json.loads(runner.invoke(app, ["data", "inspect", str(tmp_path / "v3"), "--json"]).stdout)
     assert rep["problems"] == [] and rep["notes"] == []
-    stats = tmp_path / "v3" / "meta" / "stats.json"
-    stats.unlink()
+    (tmp_path / "v3" / "meta" / "stats.json").unlink()
+    with pytest.raises(FileNotFoundError) as err:
+        LeRobotDataset(tmp_path / "v3", image_key=CAM)
     res = runner.invoke(app, ["data", "inspect", str(tmp_path / "v3"), "--json"])
-    assert res.exit_code == 0, res.output
-    rep = json.loads(res.stdout)
-    assert rep["problems"] == [] and len(rep["notes"]) == 1 and rep["notes"][0].startswith(f"{stats} is missing")
+    assert res.exit_code == 1, res.output
+    assert json.loads(res.stdout)["problems"] == [str(err.value)]
     res = runner.invoke(app, ["data", "inspect", str(tmp_path / "v3")])
     text = " ".join(res.stdout.split())
-    assert res.exit_code == 0 and "no problems found, 1 note:" in text and "stats.json is missing" in text
+    assert res.exit_code == 1 and "1 problem (skipped: {}):" in text and "1 problems" not in text
+    assert "LeRobot dataset file missing:" in text and "stats.json" in text
+
+
+def test_inspect_names_a_shared_broken_file_once(tmp_path):
+    """Oracle: a LeRobot v3.0 dataset written by lf with its one mp4 (shared by all three episodes) deleted:
+    one problem naming the file and episodes 0-2 (it was repeated once per episode), three episodes skipped."""
+    rng = np.random.default_rng(1)
+    eps = [{"task": "stack the cups", "frames": {CAM: rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8),
+                                                 "observation.state": rng.normal(size=(n, 2)).astype(np.float32),
+                                                 "action": rng.normal(size=(n, 2)).astype(np.float32)}}
+           for n in (3, 4, 5)]
+    root = write_lerobot_video(tmp_path / "v30", eps, version="v3.0", fps=15, features=FEATURES)
+    video = root / f"videos/{CAM}/chunk-000/file-000.mp4"
+    video.unlink()
+    res = runner.invoke(app, ["data", "inspect", str(root), "--json"])
+    rep = json.loads(res.stdout)
+    assert res.exit_code == 1 and rep["skipped"] == {"missing_file": 3}
+    assert rep["problems"] == [f"{video}: video of feature {CAM!r} missing (episodes 0-2)"]
+    text = " ".join(runner.invoke(app, ["data", "inspect", str(root)]).stdout.split())
+    assert "1 problem (skipped: {'missing_file': 3}):" in text
+
+
+def test_inspect_lists_episodes_off_the_frame_grid(tmp_path):
+    """Oracle: the corrupted cell: episode 1's videos/<camera>/from_timestamp moved by 0.6 frame (which shifted
+    every frame of it by one, silently) is listed as a problem with its drift; --tolerance-s widens the grid."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(2)
+    eps = [{"task": "stack the cups", "frames": {CAM: rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8),
+                                                 "observation.state": rng.normal(size=(n, 2)).astype(np.float32),
+                                                 "action": rng.normal(size=(n, 2)).astype(np.float32)}}
+           for n in (3, 4, 5)]
+    root = write_lerobot_video(tmp_path / "v30", eps, version="v3.0", fps=15, features=FEATURES)
+    meta = root / "meta/episodes/chunk-000/file-000.parquet"
+    table = pq.read_table(meta)
+    column = f"videos/{CAM}/from_timestamp"
+    values = table[column].to_pylist()
+    values[1] = (3 + 0.6) / 15
+    pq.write_table(table.set_column(table.column_names.index(column), column, pa.array(values)), meta)
+    res = runner.invoke(app, ["data", "inspect", str(root), "--json"])
+    rep = json.loads(res.stdout)
+    assert res.exit_code == 1 and rep["skipped"] == {"timestamp": 1}
+    assert rep["problems"][0].startswith(f"{meta}: episode 1, frame 0: {column} = 0.240000 s is -0.026667 s off "
+                                         "the frame grid of 15 fps")
+    assert all("episode 1" not in p for p in rep["problems"][1:])  # the rest: stats of the episodes read
+    res = runner.invoke(app, ["data", "inspect", str(root), "--tolerance-s", "0.05", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["problems"] == []

@@ -12,7 +12,7 @@ pytest.importorskip("av")
 
 from test_lerobot_video import CAM, FEATURES, LENGTHS, _episodes  # noqa: E402
 
-from lf_data import LeRobotDataset, compute_stats  # noqa: E402
+from lf_data import LeRobotDataset, compute_stats, write_lerobot_v3  # noqa: E402
 from lf_data._inspect import convert_dataset, inspect_dataset  # noqa: E402
 from lf_data._lerobot_video_writer import write_lerobot_video  # noqa: E402
 
@@ -107,3 +107,81 @@ def test_inspect_notes_failed_generator_episodes(v21, tmp_path):
     notes = inspect_dataset(root)["notes"]
     assert [n for n in notes if "expert episodes" in n] == [
         f"{info_path}: 1 of 40 expert episodes of 'push-v3' failed within max_steps and were not written"]
+
+
+def _offset_episodes(lengths=(40, 60, 50, 70), seed=3):
+    """Episodes whose actions sit around different means: per-episode quantiles then miss the dataset's."""
+    rng = np.random.default_rng(seed)
+    return [{"task": "reach", "frames": {
+        "observation.state": rng.normal(size=(n, 2)).astype(np.float32),
+        "action": (rng.normal(size=(n, 3)) * 0.1 + [e - 1.5, 0.0, 2.0 * e]).astype(np.float32)}}
+        for e, n in enumerate(lengths)]
+
+
+def test_inspect_checks_stored_quantiles(tmp_path):
+    """Oracle: numpy's quantiles of the written actions. The writer's exact q01/q99 give no problem; q01/q99
+    replaced by the length-weighted mean of per-episode quantiles (as lerobot 0.4's aggregate_stats and some
+    converters write them) leave far more than 1% of the values outside in dimensions 0 and 2 (the offset ones),
+    and inspect names exactly those dimensions with the shares beyond."""
+    eps = _offset_episodes()
+    root = write_lerobot_v3(tmp_path / "ds", eps, fps=10, features={
+        "observation.state": {"dtype": "float32", "shape": [2]}, "action": {"dtype": "float32", "shape": [3]}})
+    assert inspect_dataset(root)["problems"] == []
+    actions = [e["frames"]["action"].astype(np.float64) for e in eps]
+    n = np.array([len(a) for a in actions], np.float64)
+    stats_path = root / "meta/stats.json"
+    stats = json.loads(stats_path.read_text())
+    all_actions = np.concatenate(actions)
+    for name, q in (("q01", 0.01), ("q99", 0.99)):
+        stats["action"][name] = (np.stack([np.quantile(a, q, axis=0) for a in actions]) * n[:, None]).sum(0) / n.sum()
+        stats["action"][name] = stats["action"][name].tolist()
+    stats_path.write_text(json.dumps(stats))
+    problems = inspect_dataset(root)["problems"]
+    assert len(problems) == 2
+    for problem, name, beyond in zip(problems, ("q01", "q99"), (
+            (all_actions < stats["action"]["q01"]).mean(0), (all_actions > stats["action"]["q99"]).mean(0)),
+            strict=True):
+        assert problem.startswith(f"{stats_path}: stats['action'][{name!r}] disagrees with the 220 frames read in "
+                                  "2 of 3 dimensions")
+        assert "dimension 1" not in problem and beyond[0] > 0.15 and beyond[2] > 0.15
+        for d in (0, 2):
+            assert f"dimension {d}: {stats['action'][name][d]:.4g} has {beyond[d]:.1%} of the values" in problem
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 28, 99, 100, 101, 1000])
+def test_exact_quantiles_pass_for_any_frame_count(n):
+    """Oracle: numpy's own (linear) quantiles of continuous, discrete and constant columns are never reported,
+    whatever the frame count (interpolated quantiles of few frames leave one value outside by construction)."""
+    from lf_data._inspect_checks import quantile_problems
+
+    rng = np.random.default_rng(n)
+    x = np.stack([rng.normal(size=n), rng.integers(-1, 2, n), np.full(n, 0.5)], axis=1)
+    stored = {"q01": np.quantile(x, 0.01, axis=0).tolist(), "q99": np.quantile(x, 0.99, axis=0).tolist()}
+    assert quantile_problems(stored, x, "action", "stats.json") == []
+    stored["q01"][0] = float(x[:, 0].min()) - 1.0  # below every value: seen once one value is under 0.5%
+    assert (quantile_problems(stored, x, "action", "stats.json") != []) == (n > 200)
+
+
+def test_messages_name_the_file_or_argument_not_the_function(v21, tmp_path):
+    """Oracle: the contract for user-facing errors: they start with the file or the argument at fault, never
+    with an lf-data function's name (they said ``write_lerobot_v3: ...``, ``convert_dataset: ...``)."""
+    import lf_data
+
+    root, _ = v21
+    convert_dataset(root, tmp_path / "v3")
+    feats = {"action": {"dtype": "float32", "shape": [1]}}
+    cases = [
+        (lambda: write_lerobot_v3(tmp_path / "v3", [], fps=10, features=feats), f"{tmp_path / 'v3'}: out_dir exists"),
+        (lambda: write_lerobot_v3(tmp_path / "empty", [], fps=10, features=feats),
+         f"{tmp_path / 'empty'}: no episodes were given"),
+        (lambda: convert_dataset(tmp_path / "v3", tmp_path / "x"), f"{tmp_path / 'v3'}: already LeRobot v3.0"),
+        (lambda: convert_dataset(root, tmp_path / "x", to="rlds"), "to must be 'lerobot-v3', got 'rlds'"),
+        (lambda: compute_stats(np.zeros((0, 2))), "array has no rows"),
+        (lambda: LeRobotDataset(tmp_path / "v3", image_key=CAM, action_horizon=0), "action_horizon must be >= 1"),
+        (lambda: lf_data.LeRobotStream(root, rank=2, world_size=2), "rank must be in [0, world_size)"),
+    ]
+    for call, start in cases:
+        with pytest.raises((ValueError, FileExistsError)) as err:
+            call()
+        assert str(err.value).startswith(start), str(err.value)
+        assert str(err.value).split(":")[0] not in dir(lf_data)

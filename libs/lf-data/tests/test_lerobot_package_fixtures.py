@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -151,15 +152,33 @@ def test_episode_arrays(fixture):
 
 
 def test_inspect_agrees_with_written_values_and_lerobot_stats(fixture):
-    """Oracle: numpy statistics of written.json's states and actions; no problem found means lerobot's own
-    stats.json (v3.0) agrees with lf-data's recomputation."""
+    """Oracle: numpy statistics of written.json's states and actions. lerobot's own stats.json (v3.0) agrees with
+    lf-data's recomputation in mean/std/min/max; its q01/q99 are length-weighted means of per-episode quantiles
+    (lerobot 0.4 ``aggregate_stats``), and inspect reports exactly the dimensions where the share of written
+    values beyond them exceeds 2 x 1% plus one value (28 frames here)."""
     root, written = fixture
     report = inspect_dataset(root)
     total = sum(ep["length"] for ep in written["episodes"])
     assert report["format"] == f"lerobot-{written['codebase_version']}"
     assert (report["episodes"], report["frames"], report["frames_read"], report["tasks"], report["fps"]) == (
         len(written["episodes"]), total, total, len(_task_list(written)), written["fps"])
-    assert report["problems"] == [] and report["skipped"] == {}
+    assert report["skipped"] == {}
+    stored = json.loads((root / "meta/stats.json").read_text()) if (root / "meta/stats.json").is_file() else {}
+    flagged = []
+    for key in ("observation.state", "action"):
+        values = np.concatenate([np.asarray(ep[key], np.float64) for ep in written["episodes"]])
+        for name, below in (("q01", True), ("q99", False)):
+            if key in stored:
+                bound = np.asarray(stored[key][name], np.float64)
+                share = (values < bound).mean(0) if below else (values > bound).mean(0)
+                bad = np.flatnonzero(share > 0.02 + 1 / len(values)).tolist()
+                if bad:
+                    flagged.append((key, name, bad))
+    assert bool(flagged) == (written["codebase_version"] == "v3.0")
+    assert len(report["problems"]) == len(flagged)
+    for (key, name, bad), problem in zip(flagged, report["problems"], strict=True):
+        assert f"stats[{key!r}][{name!r}] disagrees with the {total} frames read in {len(bad)} of" in problem
+        assert [int(d) for d in re.findall(r"dimension (\d+):", problem)] == bad
     for key in ("observation.state", "action"):
         values = np.concatenate([np.asarray(ep[key], np.float64) for ep in written["episodes"]])
         st = report["stats"][key]

@@ -26,6 +26,7 @@ from tokenizers import Tokenizer
 from lf_data import LeRobotDataset, VLABatchEncoder, build_instruction_tokenizer
 from lf_ir import VLAConfig, VLAModel, materialize, to_json, use_fused_ops, vla_config
 from lf_ir.recipes.vla_flow import VLAFlowConfig, VLAFlowModel, vla_flow_config
+from lf_orchestrator._action_clip import check_clipped_actions
 from lf_orchestrator._fast_actions import FastBatchEncoder, fit_fast_encoder, load_fast_encoder
 from lf_orchestrator.checkpoint import write_text_atomic
 from lf_orchestrator.config import Config, ConfigError
@@ -43,7 +44,13 @@ def _stats(dataset: LeRobotDataset, key: str) -> dict[str, list[float]]:
 
 
 def build_encoder(cfg: Config, dataset: LeRobotDataset) -> VLABatchEncoder | FlowBatchEncoder:
-    """Fit the tokenizers and the normalization on ``dataset`` (fresh runs)."""
+    """Fit the tokenizers and the normalization on ``dataset`` (fresh runs).
+
+    Raises:
+        ConfigError: missing statistics, or an action tokenizer that clips more of the training actions than
+            ``action_tokenizer.max_clipped_fraction`` allows with ``on_clipped = "error"``
+            (:mod:`lf_orchestrator._action_clip`).
+    """
     if cfg.model.recipe == "vla_flow":
         state, action = _stats(dataset, STATE_KEY), _stats(dataset, ACTION_KEY)
         return FlowBatchEncoder(build_instruction_tokenizer(dataset.tasks), state["mean"], state["std"],
@@ -51,14 +58,17 @@ def build_encoder(cfg: Config, dataset: LeRobotDataset) -> VLABatchEncoder | Flo
     tok = cfg.action_tokenizer
     if tok.kind == "fast":
         state = _stats(dataset, STATE_KEY)
-        return fit_fast_encoder(cfg, dataset, build_instruction_tokenizer(dataset.tasks),
-                                _stats(dataset, ACTION_KEY), state["mean"], state["std"])
-    action_tokenizer = BinningTokenizer.fit(_stats(dataset, ACTION_KEY), n_bins=tok.n_bins,
-                                            bounds=tok.bounds)
-    state = _stats(dataset, STATE_KEY)
-    return VLABatchEncoder(build_instruction_tokenizer(dataset.tasks), action_tokenizer,
-                           state["mean"], state["std"],
-                           max_instruction_len=cfg.data.max_instruction_len)
+        encoder = fit_fast_encoder(cfg, dataset, build_instruction_tokenizer(dataset.tasks),
+                                   _stats(dataset, ACTION_KEY), state["mean"], state["std"])
+    else:
+        action_tokenizer = BinningTokenizer.fit(_stats(dataset, ACTION_KEY), n_bins=tok.n_bins,
+                                                bounds=tok.bounds)
+        state = _stats(dataset, STATE_KEY)
+        encoder = VLABatchEncoder(build_instruction_tokenizer(dataset.tasks), action_tokenizer,
+                                  state["mean"], state["std"],
+                                  max_instruction_len=cfg.data.max_instruction_len)
+    check_clipped_actions(tok, encoder.action_tokenizer, dataset.frame_actions, Path(dataset.root))
+    return encoder
 
 
 def save_encoder(encoder: VLABatchEncoder | FlowBatchEncoder, run_dir: Path) -> None:

@@ -80,22 +80,24 @@ class CheckpointError(ValueError):
     """A checkpoint folder that exists but cannot be used; the message names the file and what to do."""
 
 
-def damaged(path: Path, name: str, err: BaseException | str) -> CheckpointError:
-    """The error for an unreadable or invalid file ``name`` of checkpoint folder ``path``.
+def damaged(path: Path, name: str, err: BaseException | str, *, plural: bool = False) -> CheckpointError:
+    """The error for an unreadable or invalid file ``name`` of checkpoint folder ``path`` (``plural``: ``name``
+    names several files, e.g. "the DCP shards", and takes "are").
 
     The message names the file and says to delete the folder so that resuming takes the
     previous checkpoint; it never repeats a library's advice to load without ``weights_only``.
     """
     why = err if isinstance(err, str) else f"{type(err).__name__}"
-    return CheckpointError(f"checkpoint {path}: {name} is damaged ({why}); delete {path} to resume from the "
+    return CheckpointError(f"checkpoint {path}: {name} {'are' if plural else 'is'} damaged ({why}); delete {path} to "
+                           f"resume from the "
                            f"previous checkpoint")
 
 
-def check_finite_state(path: Path, name: str, state: dict[str, torch.Tensor]) -> None:
+def check_finite_state(path: Path, name: str, state: dict[str, torch.Tensor], *, plural: bool = False) -> None:
     """Raise :class:`CheckpointError` naming the first floating tensor of ``state`` with NaN/inf values."""
     for key, tensor in state.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise damaged(path, name, f"tensor {key!r} holds NaN or inf")
+            raise damaged(path, name, f"tensor {key!r} holds NaN or inf", plural=plural)
 
 
 def load_checkpoint(path: Path, device: torch.device | str = "cpu"
@@ -152,9 +154,9 @@ def load_weights(path: Path, device: torch.device | str = "cpu") -> dict[str, to
     except UnsafeCheckpointError:  # names the file and the class it refused; not damage to delete
         raise
     except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
-        raise damaged(path, "the DCP shards", err) from None
+        raise damaged(path, "the DCP shards", err, plural=True) from None
     if not tensors:
-        raise damaged(path, "the DCP shards", f"no model tensors under {PREFIX!r}")
+        raise damaged(path, "the DCP shards", f"no model tensors under {PREFIX!r}", plural=True)
     weights = {k: v.to(device) for k, v in tensors.items()}
-    check_finite_state(path, "the DCP shards", weights)
+    check_finite_state(path, "the DCP shards", weights, plural=True)
     return weights

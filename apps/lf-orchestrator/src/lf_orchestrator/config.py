@@ -90,6 +90,13 @@ class ActionTokenizerSection(_Section):
     max_action_tokens: int = 0
     """FAST: tokens per chunk before the end-of-action token; 0 = the longest encoding of the training chunks.
     A training chunk that encodes longer than a set value is an error."""
+    max_clipped_fraction: float = 0.05
+    """Largest share of the training actions, per dimension, that the tokenizer's bounds may clip (exact
+    q01/q99 clip about 0.02; quantiles averaged over episodes can clip most); a larger share is handled by
+    ``on_clipped``. In [0, 1]; 1 turns the check off."""
+    on_clipped: Literal["error", "warn"] = "error"
+    """A dimension past ``max_clipped_fraction``: ``error`` stops the run naming the dimensions and their clipped
+    fractions, ``warn`` prints that and trains on."""
 
 
 class ModelSection(_Section):
@@ -334,6 +341,8 @@ def check_config(cfg: Config, where: str = "config", *, check_paths: bool = True
     _require(t.lr > 0, where, "train.lr", "a number > 0", t.lr)
     _require(cfg.action_tokenizer.scale > 0, where, "action_tokenizer.scale", "a number > 0",
              cfg.action_tokenizer.scale)
+    _require(0 <= cfg.action_tokenizer.max_clipped_fraction <= 1, where, "action_tokenizer.max_clipped_fraction",
+             "a number in [0, 1]", cfg.action_tokenizer.max_clipped_fraction)
     _require(cfg.action_tokenizer.max_action_tokens >= 0, where, "action_tokenizer.max_action_tokens",
              "an integer >= 0 (0 = from the data)", cfg.action_tokenizer.max_action_tokens)
     _require(cfg.memory.recompute != "auto" or cfg.memory.budget_gib > 0, where, "memory.budget_gib",

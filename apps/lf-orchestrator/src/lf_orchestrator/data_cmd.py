@@ -1,8 +1,9 @@
 """`lf data metaworld|inspect|convert`: make, check and convert robot datasets (lf-data).
 
 Registered in cli.py with ``app.add_typer(data_app, name="data")``. ``inspect``
-prints a table (or ``--json``) and exits 1 when it found problems (notes, such as
-missing stored statistics, are printed but do not fail it); ``convert``
+prints a table (or ``--json``) and exits 1 when it found problems (among them a
+LeRobot v3.0 dataset without ``meta/stats.json``, which ``lf run`` refuses; notes
+are printed but do not fail it); ``convert``
 writes a LeRobot v3.0 folder and lists what it skipped.
 """
 
@@ -52,6 +53,11 @@ def data_metaworld(
     console.print(f"dataset: {path}")
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 problem``, ``2 problems``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _fmt(values: list, n: int = 4) -> str:
     flat = [float(v) for v in (values if not isinstance(values[0], list) else [x for v in values for x in v])]
     text = ", ".join(f"{v:.3g}" for v in flat[:n])
@@ -60,14 +66,16 @@ def _fmt(values: list, n: int = 4) -> str:
 
 @data_app.command("inspect")
 def data_inspect(path: Annotated[Path, typer.Argument(help="Dataset folder (LeRobot v2.1/v3.0, RLDS, RLBench).")],
-                 as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False):
+                 as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+                 tolerance_s: Annotated[float, typer.Option(
+                     help="Accepted distance (seconds) of a LeRobot timestamp from frame_index / fps.")] = 1e-4):
     """Report format, episodes, frames, features, statistics, problems and notes; exit 1 if problems were found.
 
-    Notes (e.g. a LeRobot dataset without ``meta/stats.json``) are printed but do not fail the command."""
+    Notes (e.g. failed generator episodes) are printed but do not fail the command."""
     from lf_data._inspect import inspect_dataset
 
     try:
-        report = inspect_dataset(path)
+        report = inspect_dataset(path, tolerance_s=tolerance_s)
     except (ValueError, FileNotFoundError) as err:
         _fail(str(err))
     if as_json:
@@ -87,13 +95,13 @@ def data_inspect(path: Annotated[Path, typer.Argument(help="Dataset folder (LeRo
         out.print(table)
         notes = report.get("notes", [])
         if report["problems"]:
-            out.print(f"[bold red]{len(report['problems'])} problems[/] (skipped: {report['skipped']}):")
+            out.print(f"[bold red]{_count(len(report['problems']), 'problem')}[/] (skipped: {report['skipped']}):")
             for p in report["problems"]:
                 out.print(f"  - {p}", highlight=False, soft_wrap=True)
         else:
-            out.print("no problems found" + (f", {len(notes)} note{'s' * (len(notes) > 1)}:" if notes else ""))
+            out.print("no problems found" + (f", {_count(len(notes), 'note')}:" if notes else ""))
         if notes and report["problems"]:
-            out.print(f"[bold yellow]{len(notes)} note{'s' * (len(notes) > 1)}[/] (not errors):")
+            out.print(f"[bold yellow]{_count(len(notes), 'note')}[/] (not errors):")
         for n in notes:
             out.print(f"  - [yellow]note:[/] {n}", highlight=False, soft_wrap=True)
     if report["problems"]:

@@ -110,4 +110,5 @@ def _check_finite(module: torch.nn.Module, ctx, path: Path) -> None:
     if ctx.distributed:
         count = global_sum(count, ctx)
     if float(count):
-        raise damaged(path, "the DCP shards", f"tensor {bad[0] if bad else '(on another rank)'!r} holds NaN or inf")
+        raise damaged(path, "the DCP shards", f"tensor {bad[0] if bad else '(on another rank)'!r} holds NaN or inf",
+                      plural=True)

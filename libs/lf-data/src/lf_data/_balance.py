@@ -32,7 +32,7 @@ def sample_costs(lengths: Sequence[int] | np.ndarray, a: float = 1.0, b: float =
     """float64 ``(n,)`` predicted cost ``a * l + b * l**2`` of samples of ``lengths`` tokens."""
     lengths = np.asarray(lengths, dtype=np.float64)
     if (lengths < 0).any():
-        raise ValueError(f"sample_costs: lengths must be >= 0, got min {lengths.min()}")
+        raise ValueError(f"lengths must be >= 0, got min {lengths.min()}")
     return a * lengths + b * lengths**2
 
 
@@ -63,10 +63,10 @@ def balance_by_cost(costs: Sequence[float] | np.ndarray, world_size: int) -> lis
         [[0], [1, 2, 3, 4, 5]]
     """
     if int(world_size) < 1:
-        raise ValueError(f"balance_by_cost: world_size must be >= 1, got {world_size}")
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
     c = np.asarray(costs, dtype=np.float64)
     if not np.isfinite(c).all() or (c < 0).any():
-        raise ValueError("balance_by_cost: costs must be finite and >= 0")
+        raise ValueError("costs must be finite and >= 0")
     heap = [(0.0, r) for r in range(world_size)]
     out: list[list[int]] = [[] for _ in range(world_size)]
     for i in sorted(range(len(c)), key=lambda i: (-c[i], i)):

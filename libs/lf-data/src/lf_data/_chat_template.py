@@ -177,7 +177,7 @@ def qwen2_vl_image_tokens(height: int, width: int, *, patch_size: int = 14, merg
         ValueError: a side below 1 or an aspect ratio above 200 (as Qwen2-VL).
     """
     if height < 1 or width < 1 or max(height, width) / min(height, width) > 200:
-        raise ValueError(f"qwen2_vl_image_tokens: need sides >= 1 and aspect ratio <= 200, got {height}x{width}")
+        raise ValueError(f"image size {height}x{width}: sides must be >= 1 and the aspect ratio <= 200")
     f = patch_size * merge_size
     h, w = round(height / f) * f, round(width / f) * f
     if h * w > max_pixels:

@@ -56,12 +56,14 @@ def is_lfs_pointer(path: str | Path) -> bool:
 class ErrorPolicy:
     """Raise or count-and-skip, per ``on_error`` (``"raise"`` or ``"skip"``)."""
 
-    def __init__(self, on_error: str, owner: str) -> None:
+    def __init__(self, on_error: str) -> None:
         if on_error not in ("raise", "skip"):
-            raise ValueError(f"{owner}: on_error must be 'raise' or 'skip', got {on_error!r}")
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.on_error = on_error
         self.skipped: dict[str, int] = {}
         self.problems: list[str] = []
+        self.errors: list[DataError] = []
+        """The skipped errors themselves, in order (``problems`` holds their messages)."""
 
     def handle(self, err: DataError) -> None:
         """Raise ``err`` (policy "raise") or count it under ``err.reason`` and log it."""
@@ -69,4 +71,5 @@ class ErrorPolicy:
             raise err
         self.skipped[err.reason] = self.skipped.get(err.reason, 0) + 1
         self.problems.append(str(err))
+        self.errors.append(err)
         log.warning("skipped: %s", err)

@@ -141,7 +141,7 @@ class ImageTextStream(torch.utils.data.IterableDataset):
         self.image_field, self.conversation_field = image_field, conversation_field
         self.image_tokens, self.max_tokens = image_tokens, max_tokens
         self.rank, self.world_size, self.shard = int(rank), int(world_size), shard
-        self._policy = ErrorPolicy(on_error, owner)
+        self._policy = ErrorPolicy(on_error)
 
     @property
     def skipped(self) -> dict[str, int]:

@@ -1,8 +1,9 @@
 """Inspect a robot dataset (format, episodes, frames, features, statistics, problems) and convert to LeRobot v3.0.
 
 Statistics are recomputed from the raw frames of the episodes that read
-cleanly and compared with the dataset's ``meta/stats.json`` (mean, std, min,
-max; quantiles are left out because LeRobot aggregates them approximately).
+cleanly and compared with the dataset's ``meta/stats.json``: mean, std, min and
+max for equality, q01 and q99 by the share of values outside them
+(:mod:`lf_data._inspect_checks`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from pathlib import Path
 import numpy as np
 
 from ._errors import DataError, ErrorPolicy
-from ._lerobot_meta import detect_format
+from ._inspect_checks import check_stored_stats, report_errors
+from ._lerobot_meta import detect_format, read_stats
+from ._lerobot_time import DEFAULT_TOLERANCE_S
 from ._stats import compute_stats
 
 __all__ = ["convert_dataset", "inspect_dataset"]
-
-STATS_CHECKED = ("mean", "std", "min", "max")
 
 
 def _numeric_keys(features: dict) -> list[str]:
@@ -36,29 +37,10 @@ def _hwc(ft: dict) -> list[int]:
     return shape
 
 
-def _check_stats(stored: dict | None, recomputed: dict, where: str, problems: list[str]) -> None:
-    if not stored:
-        return
-    for key, st in recomputed.items():
-        if key not in stored:
-            continue
-        for name in STATS_CHECKED:
-            a = np.asarray(stored[key].get(name, []), np.float64).reshape(-1)
-            b = np.asarray(st[name], np.float64).reshape(-1)
-            if a.shape != b.shape or not np.allclose(a, b, rtol=1e-4, atol=1e-6):
-                problems.append(f"{where}: stats[{key!r}][{name!r}] = {a.tolist()[:4]} but the raw frames give "
-                                f"{b.tolist()[:4]}")
-
-
 def _stats_notes(root: Path, fmt_name: str) -> list[str]:
-    """Non-fatal findings about the stored statistics: a dataset without them reads, but cannot train as is."""
+    """Findings about a v2.1 dataset's stored statistics (a v3.0 one without them is a problem: ``read_stats``)."""
     stats = root / "meta/stats.json"
-    if stats.is_file():
-        return []
-    if fmt_name == "lerobot-v3.0":
-        return [f"{stats} is missing: the dataset reads, but training (action normalization) and action tokenizer "
-                f"fitting need it; the statistics above are recomputed from the frames and not checked"]
-    if (root / "meta/episodes_stats.jsonl").is_file():
+    if fmt_name == "lerobot-v3.0" or stats.is_file() or (root / "meta/episodes_stats.jsonl").is_file():
         return []
     return [f"{stats} and {root / 'meta/episodes_stats.jsonl'} are missing: no stored statistics to check; "
             f"converting to LeRobot v3.0 writes them"]
@@ -75,13 +57,13 @@ def _generator_notes(info: dict, root: Path) -> list[str]:
             f"within max_steps and were not written" for task, n in failed.items() if n]
 
 
-def _inspect_lerobot(root: Path, fmt_name: str) -> dict:
+def _inspect_lerobot(root: Path, fmt_name: str, tolerance_s: float) -> dict:
     from ._lerobot_stream import LeRobotStream
 
-    ds = LeRobotStream(root, image_key=None, on_error="skip")
+    ds = LeRobotStream(root, image_key=None, on_error="skip", tolerance_s=tolerance_s)
     keys = _numeric_keys(ds.meta.features)
     values: dict[str, list[np.ndarray]] = {k: [] for k in keys}
-    policy = ErrorPolicy("skip", "inspect")
+    policy = ErrorPolicy("skip")
     frames = 0
     for m in ds.episodes:
         try:
@@ -92,9 +74,15 @@ def _inspect_lerobot(root: Path, fmt_name: str) -> dict:
         frames += m.length
         for k in keys:
             values[k].append(arrays[k])
-    stats = {k: compute_stats(np.concatenate(v)) for k, v in values.items() if v}
-    problems = ds.problems + policy.problems
-    _check_stats(ds.meta.stats, stats, str(root / "meta/stats.json"), problems)
+    by_key = {k: np.concatenate(v) for k, v in values.items() if v}
+    stats = {k: compute_stats(v) for k, v in by_key.items()}
+    problems = report_errors(ds.errors + policy.errors)
+    if fmt_name == "lerobot-v3.0":
+        try:
+            read_stats(root)  # the check `lf run` makes (LeRobotDataset), in its words
+        except (FileNotFoundError, DataError) as err:
+            problems.append(str(err))
+    problems += check_stored_stats(ds.meta.stats, by_key, stats, str(root / "meta/stats.json"))
     skipped = dict(ds.skipped)
     for r, n in policy.skipped.items():
         skipped[r] = skipped.get(r, 0) + n
@@ -115,18 +103,21 @@ def _open_robot(root: Path, fmt_name: str, on_error: str):
     return RLBenchDataset(root, on_error=on_error)
 
 
-def inspect_dataset(path: str | Path) -> dict:
+def inspect_dataset(path: str | Path, *, tolerance_s: float = DEFAULT_TOLERANCE_S) -> dict:
     """Report on a dataset folder: format, episodes, frames, features, recomputed statistics and problems.
 
     Every episode is read (videos: headers only) with ``on_error="skip"``, so
-    one report lists every problem found.
+    one report lists every problem found. ``tolerance_s``: accepted distance in
+    seconds of a LeRobot timestamp from its frame-grid point (``LeRobotStream``).
 
     Returns:
         ``{"format", "episodes", "frames", "frames_read", "fps", "tasks", "features":
         {name: {dtype, shape}}, "stats": {name: compute_stats(...)}, "skipped":
         {reason: count}, "problems": [message, ...], "notes": [message, ...]}``. ``problems`` are damage
-        (unreadable episodes, stored statistics that disagree with the frames); ``notes`` are findings that do
-        not make the dataset wrong but matter to its use (e.g. a LeRobot dataset without ``meta/stats.json``).
+        (unreadable episodes, one line per broken file naming the episodes it affects; timestamps off the frame
+        grid; stored statistics that disagree with the frames, q01/q99 included; a LeRobot v3.0 dataset without
+        ``meta/stats.json``, which ``lf run`` refuses); ``notes`` are findings that do not make the dataset wrong
+        but matter to its use (e.g. a v2.1 dataset without stored statistics, failed generator episodes).
 
     Raises:
         DataError: unknown layout or unreadable metadata.
@@ -134,7 +125,7 @@ def inspect_dataset(path: str | Path) -> dict:
     root = Path(path)
     fmt_name = detect_format(root)
     if fmt_name.startswith("lerobot"):
-        return _inspect_lerobot(root, fmt_name)
+        return _inspect_lerobot(root, fmt_name, tolerance_s)
     ds = _open_robot(root, fmt_name, "skip")
     first = ds[0] if len(ds) else None
     feats = {} if first is None else {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
@@ -188,12 +179,12 @@ def convert_dataset(src: str | Path, dst: str | Path, *, to: str = "lerobot-v3",
     from ._lerobot_writer import write_lerobot_v3
 
     if to != "lerobot-v3":
-        raise ValueError(f"convert_dataset: to must be 'lerobot-v3', got {to!r}")
+        raise ValueError(f"to must be 'lerobot-v3', got {to!r}")
     src = Path(src)
     fmt_name = detect_format(src)
     if fmt_name == "lerobot-v3.0":
-        raise ValueError(f"convert_dataset: {src} is already LeRobot v3.0")
-    policy = ErrorPolicy(on_error, "convert_dataset")
+        raise ValueError(f"{src}: already LeRobot v3.0, nothing to convert")
+    policy = ErrorPolicy(on_error)
     count = {"episodes": 0}
 
     def counted(eps):

@@ -19,6 +19,7 @@ paths and ``v30/convert_dataset_v21_to_v30.py``):
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +29,7 @@ import pyarrow.parquet as pq
 from ._errors import DataError, is_lfs_pointer
 from ._lerobot_format import task_column
 
-__all__ = ["EpisodeMeta", "LeRobotMeta", "detect_format", "load_lerobot_meta"]
+__all__ = ["EpisodeMeta", "LeRobotMeta", "detect_format", "load_lerobot_meta", "read_stats"]
 
 V21_VERSIONS = ("v2.0", "v2.1")
 V30_VERSIONS = ("v3.0",)
@@ -49,7 +50,11 @@ class EpisodeMeta:
     row_start: int
     """First row of the episode in ``data_file``."""
     videos: dict[str, tuple[Path, int]] = field(default_factory=dict)
-    """Video feature -> (mp4 file, index of the episode's first frame in it)."""
+    """Video feature -> (mp4 file, index of the episode's first frame in it: ``round(from_timestamp * fps)``)."""
+    video_spans: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+    """v3.0: video feature -> (``from_timestamp``, ``to_timestamp`` or None) in seconds, as stored."""
+    meta_file: Path | None = None
+    """The metadata file that describes the episode (v3.0 ``meta/episodes/...parquet``, v2.1 ``episodes.jsonl``)."""
 
 
 @dataclass
@@ -101,6 +106,28 @@ def _jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def read_stats(root: str | Path) -> dict:
+    """A LeRobot v3.0 dataset's ``meta/stats.json`` (feature -> statistics), which training needs.
+
+    The one check of that file: ``LeRobotDataset`` (so ``lf run``) raises its error and ``lf data inspect``
+    reports it as a problem, in the same words.
+
+    Raises:
+        FileNotFoundError: the file is missing (the message names it and what needs it).
+        DataError: a Git LFS pointer, not valid JSON, or not a JSON object of features.
+    """
+    path = Path(root) / "meta/stats.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"LeRobot dataset file missing: {path} (training reads the state and action "
+                                "statistics from it: normalization and the action tokenizer's bounds; `lf data "
+                                "convert` and LeRobot's writers produce it)")
+    stats = _json(path)
+    if not isinstance(stats, dict):
+        raise DataError(f"{path}: expected a JSON object of feature statistics, got {type(stats).__name__}",
+                        file=path, reason="invalid")
+    return stats
+
+
 def _table(path: Path) -> pa.Table:
     try:
         return pq.read_table(_checked(path))
@@ -148,13 +175,15 @@ def _load_v21(root: Path, info: dict) -> tuple[list[str], list[EpisodeMeta]]:
     data_tpl, video_tpl = info["data_path"], info.get("video_path")
     video_keys = [k for k, ft in info["features"].items() if ft.get("dtype") == "video"]
     eps = []
-    for r in _jsonl(root / "meta/episodes.jsonl"):
+    meta_file = root / "meta/episodes.jsonl"
+    for r in _jsonl(meta_file):
         e = int(r["episode_index"])
         chunk = e // chunks
         videos = {k: (root / video_tpl.format(episode_chunk=chunk, video_key=k, episode_index=e), 0)
                   for k in video_keys}
         eps.append(EpisodeMeta(e, int(r["length"]), list(r.get("tasks") or []),
-                               root / data_tpl.format(episode_chunk=chunk, episode_index=e), 0, videos))
+                               root / data_tpl.format(episode_chunk=chunk, episode_index=e), 0, videos,
+                               meta_file=meta_file))
     return tasks, eps
 
 
@@ -173,7 +202,7 @@ def _load_v30(root: Path, info: dict, fps: int) -> tuple[list[str], list[Episode
     rows: list[dict] = []
     for p in ep_files:
         t = _parquet(p)
-        rows += [dict(zip(t, vals, strict=True)) for vals in zip(*t.values(), strict=True)]
+        rows += [{**dict(zip(t, vals, strict=True)), "_meta_file": p} for vals in zip(*t.values(), strict=True)]
     video_keys = [k for k, ft in info["features"].items() if ft.get("dtype") == "video"]
     file_start: dict[tuple[int, int], int] = {}
     for r in rows:
@@ -182,14 +211,17 @@ def _load_v30(root: Path, info: dict, fps: int) -> tuple[list[str], list[Episode
     eps = []
     for r in rows:
         ci, fi = int(r["data/chunk_index"]), int(r["data/file_index"])
-        videos = {}
+        videos, spans = {}, {}
         for k in video_keys:
             vpath = info["video_path"].format(video_key=k, chunk_index=int(r[f"videos/{k}/chunk_index"]),
                                               file_index=int(r[f"videos/{k}/file_index"]))
-            videos[k] = (root / vpath, round(float(r[f"videos/{k}/from_timestamp"]) * fps))
+            start, stop = float(r[f"videos/{k}/from_timestamp"]), r.get(f"videos/{k}/to_timestamp")
+            spans[k] = (start, None if stop is None else float(stop))
+            videos[k] = (root / vpath, round(start * fps) if math.isfinite(start) else 0)
         eps.append(EpisodeMeta(int(r["episode_index"]), int(r["length"]), list(r.get("tasks") or []),
                                root / info["data_path"].format(chunk_index=ci, file_index=fi),
-                               int(r["dataset_from_index"]) - file_start[(ci, fi)], videos))
+                               int(r["dataset_from_index"]) - file_start[(ci, fi)], videos, spans,
+                               r["_meta_file"]))
     return tasks, sorted(eps, key=lambda m: m.index)
 
 

@@ -18,7 +18,8 @@ import torch
 from PIL import Image
 
 from . import _lerobot_format as fmt
-from ._lerobot_meta import V21_VERSIONS
+from ._lerobot_meta import V21_VERSIONS, read_stats
+from ._lerobot_time import DEFAULT_TOLERANCE_S, check_frame_timestamps, check_tolerance
 from ._windows import action_window, check_index
 
 __all__ = ["LeRobotDataset", "DEFAULT_PRELOAD_MAX_BYTES"]
@@ -43,12 +44,14 @@ def _read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as e:
         raise ValueError(f"{path}: cannot read parquet ({e})") from e
-    if columns is not None:
-        absent = [c for c in columns if c not in table.column_names]
-        if absent:
-            raise ValueError(f"{path}: missing columns {absent} (has {table.column_names})")
-        table = table.select(columns)
-    return table
+    return table if columns is None else _select(table, columns, path)
+
+
+def _select(table: pa.Table, columns: list[str], path: Path) -> pa.Table:
+    absent = [c for c in columns if c not in table.column_names]
+    if absent:
+        raise ValueError(f"{path}: missing columns {absent} (has {table.column_names})")
+    return table.select(columns)
 
 
 def _to_numpy(col: pa.ChunkedArray, width: int | None) -> np.ndarray:
@@ -94,13 +97,16 @@ class LeRobotDataset(torch.utils.data.Dataset):
             chunks of a cut episode end at its last kept frame (padded past it, as at a real end).
         image_key / state_key / action_key: feature names to read.
         preload_max_bytes: threshold for decoding all images at init.
+        tolerance_s: accepted distance in seconds of a frame's ``timestamp`` from ``frame_index / fps``
+            (LeRobot's ``tolerance_s``, default 1e-4; see :mod:`lf_data._lerobot_time`).
 
     Raises:
         FileNotFoundError: a metadata or data file is missing (message names it).
         ValueError: ``codebase_version`` is not "v3.0", a file is corrupt or
             inconsistent, a feature is missing, an episode index is unknown, a task in
             ``tasks`` is not in the dataset or has no selected episode (the message lists the
-            dataset's tasks), or ``max_frames`` < 1.
+            dataset's tasks), ``max_frames`` < 1, or a frame's ``timestamp`` is off the frame grid (a
+            :class:`DataError` naming the data file, episode, frame and drift in seconds).
 
     Example:
         >>> ds = LeRobotDataset("data/mw", action_horizon=8)  # doctest: +SKIP
@@ -120,11 +126,12 @@ class LeRobotDataset(torch.utils.data.Dataset):
         state_key: str = "observation.state",
         action_key: str = "action",
         preload_max_bytes: int = DEFAULT_PRELOAD_MAX_BYTES,
+        tolerance_s: float = DEFAULT_TOLERANCE_S,
     ) -> None:
         if int(action_horizon) < 1:
-            raise ValueError(f"LeRobotDataset: action_horizon must be >= 1, got {action_horizon}")
+            raise ValueError(f"action_horizon must be >= 1, got {action_horizon}")
         if max_frames is not None and int(max_frames) < 1:
-            raise ValueError(f"LeRobotDataset: max_frames must be >= 1 (or None for whole episodes), got {max_frames}")
+            raise ValueError(f"max_frames must be >= 1 (or None for whole episodes), got {max_frames}")
         self.root = Path(root)
         self.action_horizon = int(action_horizon)
         info_path = self.root / fmt.INFO_PATH
@@ -141,7 +148,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
             raise ValueError(f"{info_path}: feature {image_key!r} has dtype {feats[image_key]['dtype']!r}; "
                              "only 'image' (PNG in parquet) is supported, not video")
         self.fps: int = int(self.info["fps"])
-        self.stats: dict = _load_json(self.root / fmt.STATS_PATH)
+        self.tolerance_s = check_tolerance(tolerance_s)
+        self.stats: dict = read_stats(self.root)
         tasks_path = self.root / fmt.TASKS_PATH
         task_table = _read_parquet(tasks_path)
         column = fmt.task_column(task_table)
@@ -162,8 +170,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
         chosen = sorted(bounds) if episodes is None else [int(e) for e in episodes]
         unknown = [e for e in chosen if e not in bounds]
         if unknown or len(set(chosen)) != len(chosen):
-            raise ValueError(f"LeRobotDataset: episodes must be distinct indices of {sorted(bounds)[:5]}..."
-                             f"{max(bounds)} ({len(bounds)} episodes), got unknown={unknown} or duplicates")
+            raise ValueError(f"{self.root}: episodes must be distinct indices of its episodes "
+                             f"{sorted(bounds)[:5]}...{max(bounds)} ({len(bounds)} episodes), got unknown={unknown} "
+                             "or duplicates")
 
         self._load_frames(feats, image_key, state_key, action_key)
         if tasks is not None:
@@ -195,13 +204,13 @@ class LeRobotDataset(torch.utils.data.Dataset):
 
         unknown = [t for t in tasks if t not in self.tasks]
         if unknown:
-            raise ValueError(f"LeRobotDataset: task {unknown[0]!r} is not in {self.root} (its tasks: {listed()})")
+            raise ValueError(f"{self.root}: task {unknown[0]!r} is not in the dataset (its tasks: {listed()})")
         wanted = {self.tasks.index(t) for t in tasks}
         kept = [e for e in chosen if int(self._task[bounds[e][0]]) in wanted]
         found = {int(self._task[bounds[e][0]]) for e in kept}
         empty = [t for t in tasks if self.tasks.index(t) not in found]
         if empty:
-            raise ValueError(f"LeRobotDataset: task {empty[0]!r} of {self.root} has no episode among the selected "
+            raise ValueError(f"{self.root}: task {empty[0]!r} has no episode among the selected "
                              f"{len(chosen)} (its tasks: {listed()})")
         return kept
 
@@ -210,7 +219,13 @@ class LeRobotDataset(torch.utils.data.Dataset):
         if not files:
             raise FileNotFoundError(f"LeRobot dataset file missing: {self.root / 'data'}/chunk-*/file-*.parquet")
         cols = [image_key, state_key, action_key, "episode_index", "frame_index", "index", "task_index"]
-        tables = [_read_parquet(p, cols) for p in files]
+        tables = []
+        for p in files:
+            table = _read_parquet(p)
+            tables.append(_select(table, cols, p))
+            if "timestamp" in table.column_names:
+                check_frame_timestamps(table["timestamp"].to_numpy(), table["frame_index"].to_numpy(),
+                                       table["episode_index"].to_numpy(), self.fps, self.tolerance_s, file=p)
         table = pa.concat_tables(tables)
         index = _to_numpy(table["index"], None)
         if not np.array_equal(index, np.arange(len(index))):
@@ -230,6 +245,11 @@ class LeRobotDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self._rows)
+
+    @property
+    def frame_actions(self) -> np.ndarray:
+        """float32 ``(N, D_a)``: the action of every selected frame, in this dataset's index order (a copy)."""
+        return self._action[self._rows]
 
     def image(self, i: int) -> np.ndarray:
         """uint8 ``(H, W, 3)`` image of frame ``i`` (this dataset's index space)."""

@@ -20,6 +20,7 @@ from PIL import Image
 
 from ._errors import DataError, ErrorPolicy, is_lfs_pointer
 from ._lerobot_meta import EpisodeMeta, load_lerobot_meta
+from ._lerobot_time import DEFAULT_TOLERANCE_S, check_frame_timestamps, check_tolerance, check_video_span
 from ._video import count_frames, read_video_frames
 
 __all__ = ["LeRobotStream", "delta_indices"]
@@ -85,8 +86,11 @@ class LeRobotStream(torch.utils.data.IterableDataset):
     (``"skip"``): missing data/video files (``missing_file``), Git LFS pointers
     (``lfs_pointer``), video frame counts or parquet rows that differ from the
     episode length (``frame_count``), NaN/inf actions or states (``non_finite``),
-    episodes without a task (``missing_instruction``). Files are checked at init
-    (headers only), values when an episode is read.
+    episodes without a task (``missing_instruction``), timestamps off the frame grid
+    ``frame_index / fps`` by more than ``tolerance_s`` (``timestamp``: a v3.0
+    ``videos/<key>/from_timestamp`` or ``to_timestamp`` in ``meta/episodes``, checked at
+    init, or a frame's ``timestamp``; see :mod:`lf_data._lerobot_time`). Files are
+    checked at init (headers only), values when an episode is read.
 
     Args:
         root: dataset folder.
@@ -99,19 +103,23 @@ class LeRobotStream(torch.utils.data.IterableDataset):
         rank / world_size: read only episodes ``rank::world_size`` of the list
             (DataLoader workers split it further).
         on_error: ``"raise"`` or ``"skip"``.
+        tolerance_s: accepted distance in seconds of a timestamp from its frame-grid point (LeRobot's
+            ``tolerance_s``, default 1e-4).
 
     Raises:
         DataError: bad metadata, unknown feature or episode, or bad input under ``on_error="raise"``.
+        ValueError: ``action_horizon`` < 1, ``rank`` outside ``[0, world_size)``, ``tolerance_s`` < 0.
     """
 
     def __init__(self, root: str | Path, *, image_key: str | None = "", state_key: str = "observation.state",
                  action_key: str = "action", action_horizon: int = 1,
                  delta_timestamps: Mapping[str, Sequence[float]] | None = None,
                  episodes: Sequence[int] | None = None, rank: int = 0, world_size: int = 1,
-                 on_error: str = "raise") -> None:
+                 on_error: str = "raise", tolerance_s: float = DEFAULT_TOLERANCE_S) -> None:
         super().__init__()
+        self.tolerance_s = check_tolerance(tolerance_s)
         self.meta = load_lerobot_meta(root)
-        self._policy = ErrorPolicy(on_error, "LeRobotStream")
+        self._policy = ErrorPolicy(on_error)
         feats, info_path = self.meta.features, self.meta.root / "meta/info.json"
         visual = [k for k, ft in feats.items() if ft.get("dtype") in ("video", "image")]
         self.image_key = (visual[0] if visual else None) if image_key == "" else image_key
@@ -121,17 +129,17 @@ class LeRobotStream(torch.utils.data.IterableDataset):
                 raise DataError(f"{info_path}: feature {key!r} missing (features: {sorted(feats)})",
                                 file=info_path, field=key)
         if int(action_horizon) < 1:
-            raise ValueError(f"LeRobotStream: action_horizon must be >= 1, got {action_horizon}")
+            raise ValueError(f"action_horizon must be >= 1, got {action_horizon}")
         self.state_key, self.action_key, self.action_horizon = state_key, action_key, int(action_horizon)
         self.deltas = delta_indices(delta_timestamps or {}, self.meta.fps)
         by_index = {m.index: m for m in self.meta.episodes}
         chosen = [m.index for m in self.meta.episodes] if episodes is None else [int(e) for e in episodes]
         unknown = [e for e in chosen if e not in by_index]
         if unknown:
-            raise DataError(f"LeRobotStream: episodes {unknown} not in {self.meta.root} "
+            raise DataError(f"{self.meta.root}: episodes {unknown} are not in the dataset "
                             f"({len(by_index)} episodes)", file=self.meta.root)
         if not 0 <= rank < world_size:
-            raise ValueError(f"LeRobotStream: need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
+            raise ValueError(f"rank must be in [0, world_size), got rank={rank} world_size={world_size}")
         self._video_frames: dict[Path, int] = {}
         self.episodes: list[EpisodeMeta] = []
         """Episodes that passed the file checks, in reading order (this rank's share)."""
@@ -154,6 +162,11 @@ class LeRobotStream(torch.utils.data.IterableDataset):
         return list(self._policy.problems)
 
     @property
+    def errors(self) -> list[DataError]:
+        """The skipped items' errors, in order (file, episode, field and reason of each)."""
+        return list(self._policy.errors)
+
+    @property
     def num_frames(self) -> int:
         """Frames of the episodes that passed the file checks (declared lengths)."""
         return sum(m.length for m in self.episodes)
@@ -170,6 +183,8 @@ class LeRobotStream(torch.utils.data.IterableDataset):
             if is_lfs_pointer(path):
                 raise DataError(f"{path}: Git LFS pointer file in place of the {what} (episode {m.index}; "
                                 "run `git lfs pull`)", file=path, episode=m.index, field=key, reason="lfs_pointer")
+        for key, (start, stop) in m.video_spans.items():
+            check_video_span(m.meta_file, m.index, key, start, stop, m.length, self.meta.fps, self.tolerance_s)
         for key, (path, first) in m.videos.items():
             if path not in self._video_frames:
                 self._video_frames[path] = count_frames(path, field=key, episode=m.index).frames
@@ -194,6 +209,9 @@ class LeRobotStream(torch.utils.data.IterableDataset):
             raise DataError(f"{m.data_file}: episode {m.index} has {got} rows from row {m.row_start}, metadata "
                             f"says length {m.length}", file=m.data_file, episode=m.index, field="episode_index",
                             reason="frame_count")
+        if "timestamp" in table.column_names:
+            check_frame_timestamps(rows.column("timestamp").to_numpy(), rows.column("frame_index").to_numpy(),
+                                   np.full(len(rows), m.index), self.meta.fps, self.tolerance_s, file=m.data_file)
         return rows
 
     def _column(self, rows: pa.Table, key: str, m: EpisodeMeta) -> np.ndarray:

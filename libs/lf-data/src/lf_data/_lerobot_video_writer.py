@@ -45,7 +45,7 @@ def _video_feature(ft: dict, mp4: Path) -> dict:
             "info": video_stream_info(mp4)}
 
 
-@staged_output("write_lerobot_video")
+@staged_output
 def write_lerobot_video(out_dir: str | Path, episodes: Sequence[dict], *, version: str, fps: int,
                         features: dict[str, dict], tasks: Sequence[str] | None = None,
                         robot_type: str = "sawyer", video_codec: str = "libx264rgb") -> Path:
@@ -72,9 +72,9 @@ def write_lerobot_video(out_dir: str | Path, episodes: Sequence[dict], *, versio
         FileExistsError: ``out_dir`` exists and is not empty.
     """
     if version not in ("v2.1", "v3.0"):
-        raise ValueError(f"write_lerobot_video: version must be 'v2.1' or 'v3.0', got {version!r}")
+        raise ValueError(f"version must be 'v2.1' or 'v3.0', got {version!r}")
     if video_codec not in VIDEO_CODECS:
-        raise ValueError(f"write_lerobot_video: video_codec must be one of {list(VIDEO_CODECS)}, got {video_codec!r}")
+        raise ValueError(f"video_codec must be one of {list(VIDEO_CODECS)}, got {video_codec!r}")
     out = Path(out_dir)  # the temporary sibling folder (staged_output)
     videos = [k for k, ft in features.items() if ft["dtype"] == "video"]
     plain = _check_features({k: ft for k, ft in features.items() if k not in videos})

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 from . import _lerobot_format as fmt
-from ._staged import staged_output
+from ._staged import destination_of, staged_output
 from ._stats import compute_stats, image_stats_from_histograms, pixel_histograms
 
 __all__ = ["write_lerobot_v3"]
@@ -60,7 +60,7 @@ def _column(key: str, ft: dict, value, n: int, ep: int) -> tuple[pa.Array, np.nd
     return pa.FixedSizeListArray.from_arrays(pa.array(arr.reshape(-1)), shape[0]), arr
 
 
-@staged_output("write_lerobot_v3")
+@staged_output
 def write_lerobot_v3(
     out_dir: str | Path,
     episodes: Iterable[dict],
@@ -113,7 +113,7 @@ def write_lerobot_v3(
     task_list = list(tasks or [])
     task_index = {t: i for i, t in enumerate(task_list)}
     if len(task_index) != len(task_list):
-        raise ValueError(f"write_lerobot_v3: tasks contain duplicates: {task_list}")
+        raise ValueError(f"tasks contain duplicates: {task_list}")
 
     numeric: dict[str, list[np.ndarray]] = {k: [] for k in all_features if all_features[k]["dtype"] != "image"}
     hists: dict[str, np.ndarray] = {}
@@ -168,7 +168,7 @@ def write_lerobot_v3(
         if writer is not None:
             writer.close()
     if not ep_rows:
-        raise ValueError("write_lerobot_v3: no episodes were given")
+        raise ValueError(f"{destination_of(out)}: no episodes were given, nothing to write")
 
     stats = {k: compute_stats(np.concatenate(v)) for k, v in numeric.items()}
     stats.update({k: image_stats_from_histograms(h, total) for k, h in hists.items()})

@@ -111,9 +111,9 @@ class MetaWorldEnv:
     def __init__(self, task: str, *, image_size: int = 64, camera: str = "corner", max_steps: int = 150) -> None:
         self.instruction = instruction_for(task)
         if int(image_size) < 8:
-            raise ValueError(f"MetaWorldEnv: image_size must be >= 8, got {image_size}")
+            raise ValueError(f"image_size must be >= 8, got {image_size}")
         if int(max_steps) < 1:
-            raise ValueError(f"MetaWorldEnv: max_steps must be >= 1, got {max_steps}")
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         self._metaworld, self._mujoco = import_sim()
         self.task, self.image_size, self.camera, self.max_steps = task, int(image_size), camera, int(max_steps)
         self._policy = self._metaworld.policies.ENV_POLICY_MAP[task]()
@@ -133,7 +133,7 @@ class MetaWorldEnv:
         self._cam = mj.mj_name2id(model, mj.mjtObj.mjOBJ_CAMERA, self.camera)
         if self._cam < 0:
             names = [model.camera(i).name for i in range(model.ncam)]
-            raise ValueError(f"MetaWorldEnv: unknown camera {self.camera!r}; cameras: {names}")
+            raise ValueError(f"unknown camera {self.camera!r}; cameras: {names}")
         model.vis.global_.offwidth = max(model.vis.global_.offwidth, self.image_size)
         model.vis.global_.offheight = max(model.vis.global_.offheight, self.image_size)
         model.vis.quality.offsamples = 0  # no multisampling: ~2.7x faster under osmesa
@@ -141,7 +141,7 @@ class MetaWorldEnv:
             self._renderer = mj.Renderer(model, self.image_size, self.image_size)
         except Exception as e:  # mujoco raises FatalError without a GL backend
             raise RuntimeError(
-                f"MetaWorldEnv: cannot create a MuJoCo renderer with MUJOCO_GL={os.environ.get('MUJOCO_GL')!r} "
+                f"cannot create a MuJoCo renderer with MUJOCO_GL={os.environ.get('MUJOCO_GL')!r} "
                 f"({e}). Set MUJOCO_GL=osmesa (software) or egl (GPU) before mujoco is first imported."
             ) from e
         self._rotate: bool | None = None
@@ -154,7 +154,7 @@ class MetaWorldEnv:
         """
         seed = int(seed)
         if not 0 <= seed < 2**32:
-            raise ValueError(f"MetaWorldEnv.reset: seed must be in [0, 2**32), got {seed}")
+            raise ValueError(f"seed must be in [0, 2**32), got {seed}")
         if getattr(self._env, "_did_see_sim_exception", False):
             self._build()  # Meta-World never clears this flag: start from a fresh env
         env = self._env
@@ -187,7 +187,7 @@ class MetaWorldEnv:
             raise RuntimeError("MetaWorldEnv.step called before reset(seed)")
         a = np.asarray(action, dtype=np.float32)
         if a.shape != (4,):
-            raise ValueError(f"MetaWorldEnv.step: action must have shape (4,), got {a.shape}")
+            raise ValueError(f"action must have shape (4,), got {a.shape}")
         self._obs, _, _, _, info = self._env.step(np.clip(a, -1.0, 1.0))
         self.steps += 1
         success = bool(info["success"])

@@ -36,7 +36,7 @@ def metaworld_episode_seed(seed: int, task: str, episode: int) -> int:
     Use another ``seed`` for evaluation episodes to get goals unseen in training.
     """
     if seed < 0 or episode < 0:
-        raise ValueError(f"metaworld_episode_seed: seed and episode must be >= 0, got {seed}, {episode}")
+        raise ValueError(f"seed and episode must be >= 0, got {seed}, {episode}")
     ss = np.random.SeedSequence([int(seed), zlib.crc32(task.encode()), int(episode)])
     return int(ss.generate_state(1, dtype=np.uint32)[0])
 
@@ -98,17 +98,17 @@ def _check_existing(out: Path, params: dict) -> bool:
     try:
         stored = json.loads(info_path.read_text())["lf"]["params"]
     except (OSError, ValueError, KeyError, TypeError):
-        raise ValueError(f"generate_metaworld: {out} exists but is not a dataset written by generate_metaworld "
+        raise ValueError(f"{out}: exists but is not a Meta-World dataset written by lf "
                          f"({info_path} missing or without 'lf.params'); pick another --out or delete it") from None
     for key in sorted(set(params) | set(stored)):
         if stored.get(key) != params.get(key):
-            raise ValueError(f"generate_metaworld: {out} was generated with {key}={stored.get(key)!r}, "
+            raise ValueError(f"{out}: generated with {key}={stored.get(key)!r}, "
                              f"requested {key}={params.get(key)!r}; pick another --out or delete it")
     needed = ["meta/stats.json", "meta/tasks.parquet", "meta/episodes/chunk-000/file-000.parquet",
               "data/chunk-000/file-000.parquet"]
     absent = [p for p in needed if not (out / p).is_file()]
     if absent:
-        raise ValueError(f"generate_metaworld: {out} is incomplete (missing {absent}); delete it")
+        raise ValueError(f"{out}: incomplete (missing {absent}); delete it")
     return True
 
 
@@ -170,13 +170,13 @@ def generate_metaworld(
     for t in tasks:
         instruction_for(t)
     if not tasks or len(set(tasks)) != len(tasks):
-        raise ValueError(f"generate_metaworld: tasks must be non-empty and distinct, got {tasks}")
+        raise ValueError(f"tasks must be non-empty and distinct, got {tasks}")
     checked = {}
     for name, value, low in [("episodes_per_task", episodes_per_task, 1), ("image_size", image_size, 8),
                              ("max_steps", max_steps, 1), ("steps_after_success", steps_after_success, 0),
                              ("seed", seed, 0), ("workers", workers, 1), ("fps", fps, 1)]:
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
-            raise ValueError(f"generate_metaworld: {name} must be an int >= {low}, got {value!r}")
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         checked[name] = int(value)
     episodes_per_task, image_size, max_steps = checked["episodes_per_task"], checked["image_size"], checked["max_steps"]
     steps_after_success, seed, workers, fps = (checked[k] for k in ("steps_after_success", "seed", "workers", "fps"))
@@ -216,7 +216,7 @@ def generate_metaworld(
                         yield {"task": instruction_for(task), "frames": frames}
                     nxt += 1
             if all(len(f) == episodes_per_task for f in failed.values()):
-                raise RuntimeError(f"generate_metaworld: all {len(jobs)} expert episodes failed within "
+                raise RuntimeError(f"{out}: all {len(jobs)} expert episodes failed within "
                                    f"max_steps={max_steps}")
 
         _lerobot_writer.write_lerobot_v3(tmp, ordered(), fps=fps, features=_features(image_size),

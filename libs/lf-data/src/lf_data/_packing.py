@@ -55,30 +55,30 @@ class PackedBatch:
 
 def _sample_fields(i: int, s: Mapping, seq_len: int, truncate: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if "input_ids" not in s:
-        raise ValueError(f"pack_sequences: sample {i} has no 'input_ids' (keys: {sorted(s)})")
+        raise ValueError(f"sample {i} has no 'input_ids' (keys: {sorted(s)})")
     ids = np.asarray(s["input_ids"], dtype=np.int64).reshape(-1)
     n = len(ids)
     if n == 0:
-        raise ValueError(f"pack_sequences: sample {i} has no tokens")
+        raise ValueError(f"sample {i} has no tokens")
     if "block_ids" in s:
         blocks = np.asarray(s["block_ids"], dtype=np.int64).reshape(-1)
         if len(blocks) != n or (np.diff(blocks) < 0).any():
-            raise ValueError(f"pack_sequences: sample {i}: block_ids must be non-decreasing with {n} entries")
+            raise ValueError(f"sample {i}: block_ids must be non-decreasing with {n} entries")
         blocks = blocks - blocks[0]
     else:
         prefix = int(s.get("prefix_len", 0))
         if not 0 <= prefix <= n:
-            raise ValueError(f"pack_sequences: sample {i}: prefix_len must be in [0, {n}], got {prefix}")
+            raise ValueError(f"sample {i}: prefix_len must be in [0, {n}], got {prefix}")
         blocks = np.maximum(np.arange(n) - max(prefix - 1, 0), 0)
     if "loss_mask" in s:
         loss = np.asarray(s["loss_mask"], dtype=bool).reshape(-1)
         if len(loss) != n:
-            raise ValueError(f"pack_sequences: sample {i}: loss_mask has {len(loss)} entries, input_ids {n}")
+            raise ValueError(f"sample {i}: loss_mask has {len(loss)} entries, input_ids {n}")
     else:
         loss = np.arange(n) >= int(s.get("prefix_len", 0))
     if n > seq_len:
         if not truncate:
-            raise ValueError(f"pack_sequences: sample {i} has {n} tokens > seq_len={seq_len} (pass truncate=True "
+            raise ValueError(f"sample {i} has {n} tokens > seq_len={seq_len} (pass truncate=True "
                              "to keep its first seq_len tokens)")
         ids, blocks, loss = ids[:seq_len], blocks[:seq_len], loss[:seq_len]
     return ids, blocks, loss
@@ -131,10 +131,10 @@ def pack_sequences(samples: Sequence[Mapping], seq_len: int, *, rows_per_batch: 
         ([[0, 0, 0, 1, 1, -1]], [[0, 1, 2, 0, 1, 0]])
     """
     if int(seq_len) < 1:
-        raise ValueError(f"pack_sequences: seq_len must be >= 1, got {seq_len}")
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     if rows_per_batch is None and token_budget is not None:
         if token_budget < seq_len:
-            raise ValueError(f"pack_sequences: token_budget={token_budget} is below seq_len={seq_len}")
+            raise ValueError(f"token_budget={token_budget} is below seq_len={seq_len}")
         rows_per_batch = token_budget // seq_len
     fields = [_sample_fields(i, s, seq_len, truncate) for i, s in enumerate(samples)]
     rows = _best_fit_decreasing([len(f[0]) for f in fields], seq_len)

@@ -117,7 +117,7 @@ class RLBenchDataset(torch.utils.data.Dataset):
             raise ValueError(f"RLBenchDataset: action_space must be 'joint' or 'ee_pose', got {action_space!r}")
         if not cameras:
             raise ValueError("RLBenchDataset: cameras must name at least one camera, got an empty sequence")
-        self._policy = ErrorPolicy(on_error, "RLBenchDataset")
+        self._policy = ErrorPolicy(on_error)
         self.root, self.cameras = Path(root), tuple(cameras)
         self.action_horizon, self.action_space = int(action_horizon), action_space
         self.depth, self.mask = bool(depth), bool(mask)

@@ -90,7 +90,7 @@ class RLDSDataset(torch.utils.data.Dataset):
                  on_error: str = "raise") -> None:
         if int(action_horizon) < 1:
             raise ValueError(f"RLDSDataset: action_horizon must be >= 1, got {action_horizon}")
-        self._policy = ErrorPolicy(on_error, "RLDSDataset")
+        self._policy = ErrorPolicy(on_error)
         self.root, self.split, self.action_horizon = Path(root), split, int(action_horizon)
         self.info = load_json(self.root / "dataset_info.json")
         feats_path = self.root / "features.json"

@@ -38,9 +38,9 @@ def compute_stats(array: np.ndarray) -> dict[str, list[float]]:
     if a.ndim == 1:
         a = a[:, None]
     if a.ndim != 2:
-        raise ValueError(f"compute_stats: array must be (N, D), got shape {a.shape}")
+        raise ValueError(f"array must be (N, D), got shape {a.shape}")
     if a.shape[0] == 0:
-        raise ValueError("compute_stats: array has no rows (N=0)")
+        raise ValueError("array has no rows (N=0)")
     a = a.astype(np.float64)
     q01, q99 = np.quantile(a, [0.01, 0.99], axis=0)
     return {

@@ -151,7 +151,7 @@ class TextStream(torch.utils.data.IterableDataset):
         self.text_field, self.text_mode, self.add_special_tokens = text_field, text_mode, add_special_tokens
         self.max_tokens, self.batch_docs = max_tokens, int(batch_docs)
         self.rank, self.world_size, self.shard = int(rank), int(world_size), shard
-        self._policy = ErrorPolicy(on_error, owner)
+        self._policy = ErrorPolicy(on_error)
 
     @property
     def skipped(self) -> dict[str, int]:

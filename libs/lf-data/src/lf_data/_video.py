@@ -127,7 +127,7 @@ def read_video_frames(path: str | Path, indices: Sequence[int], *, fps: float | 
         return np.zeros((0, 0, 0, 3), np.uint8)
     lo, hi = int(want.min()), int(want.max())
     if lo < 0:
-        raise ValueError(f"read_video_frames: negative frame index {lo} for {path}")
+        raise ValueError(f"{path}: negative frame index {lo}")
     got: dict[int, np.ndarray] = {}
     needed = set(want.tolist())
     with _open(path, field, episode) as c:
@@ -167,7 +167,7 @@ def write_video(path: str | Path, frames: np.ndarray, fps: int, *, codec: str = 
     av = _av()
     frames = np.asarray(frames)
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
-        raise ValueError(f"write_video: frames must be uint8 (T, H, W, 3), got {frames.dtype} {frames.shape}")
+        raise ValueError(f"frames must be uint8 (T, H, W, 3), got {frames.dtype} {frames.shape}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with av.open(str(path), "w") as c:

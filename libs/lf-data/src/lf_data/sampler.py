@@ -53,14 +53,14 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
     def __init__(self, num_samples: int, *, batch_size: int, seed: int = 0, rank: int = 0,
                  world_size: int = 1, shuffle: bool = True) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"ResumableSampler: need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+            raise ValueError(f"rank must be in [0, world_size), got rank={rank}, world_size={world_size}")
         if batch_size < 1:
-            raise ValueError(f"ResumableSampler: batch_size must be >= 1, got {batch_size}")
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if seed < 0:
-            raise ValueError(f"ResumableSampler: seed must be >= 0, got {seed}")
+            raise ValueError(f"seed must be >= 0, got {seed}")
         per_rank = (num_samples // world_size) // batch_size * batch_size
         if per_rank == 0:
-            raise ValueError(f"ResumableSampler: num_samples={num_samples} gives fewer than batch_size={batch_size} "
+            raise ValueError(f"num_samples={num_samples} gives fewer than batch_size={batch_size} "
                              f"samples per rank with world_size={world_size}")
         self.num_samples, self.batch_size, self.seed = int(num_samples), int(batch_size), int(seed)
         self.rank, self.world_size, self.shuffle = int(rank), int(world_size), bool(shuffle)
@@ -96,7 +96,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
     def state_for(self, samples_consumed: int) -> dict:
         """The state after ``samples_consumed`` indices of this rank since epoch 0, offset 0."""
         if samples_consumed < 0:
-            raise ValueError(f"ResumableSampler.state_for: samples_consumed must be >= 0, got {samples_consumed}")
+            raise ValueError(f"samples_consumed must be >= 0, got {samples_consumed}")
         epoch, offset = divmod(int(samples_consumed), self.samples_per_epoch)
         return {"epoch": epoch, "offset": offset, **self._settings()}
 
@@ -104,11 +104,11 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         """Continue from ``state``; settings stored in it must match this sampler's."""
         for key in ("epoch", "offset"):
             if not isinstance(state.get(key), (int, np.integer)) or state[key] < 0:
-                raise ValueError(f"ResumableSampler.load_state_dict: state[{key!r}] must be an int >= 0, "
+                raise ValueError(f"state[{key!r}] must be an int >= 0, "
                                  f"got {state.get(key)!r}")
         for key, value in self._settings().items():
             if key in state and state[key] != value:
-                raise ValueError(f"ResumableSampler.load_state_dict: state[{key!r}]={state[key]!r} but this "
+                raise ValueError(f"state[{key!r}]={state[key]!r} but this "
                                  f"sampler has {key}={value!r}")
         epoch, offset = divmod(int(state["offset"]), self.samples_per_epoch)
         self.epoch, self.offset = int(state["epoch"]) + epoch, offset

@@ -38,7 +38,7 @@ def build_instruction_tokenizer(texts: Iterable[str]) -> Tokenizer:
     words = set()
     for text in texts:
         if not isinstance(text, str):
-            raise ValueError(f"build_instruction_tokenizer: texts must be str, got {type(text).__name__}")
+            raise ValueError(f"texts must be str, got {type(text).__name__}")
         norm = tok.normalizer.normalize_str(text)
         words.update(w for w, _ in tok.pre_tokenizer.pre_tokenize_str(norm))
     vocab = {"[PAD]": PAD_ID, "[UNK]": UNK_ID}
@@ -67,7 +67,7 @@ def encode_instructions(tok: Tokenizer, texts: Sequence[str], max_len: int) -> t
         [[True, True, True, False, False]]
     """
     if int(max_len) < 1:
-        raise ValueError(f"encode_instructions: max_len must be >= 1, got {max_len}")
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
     texts = list(texts)
     ids = np.full((len(texts), max_len), PAD_ID, dtype=np.int64)
     mask = np.zeros((len(texts), max_len), dtype=bool)

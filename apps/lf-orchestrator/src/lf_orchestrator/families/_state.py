@@ -198,7 +198,7 @@ class FamilyCheckpointer:
         except UnsafeCheckpointError:  # names the file and the class it refused; not damage to delete
             raise
         except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
-            raise damaged(path, "the DCP shards", err) from None
+            raise damaged(path, "the DCP shards", err, plural=True) from None
         try:
             train_state = safe_torch_load(state_file)
         except UnsafeCheckpointError:
