@@ -33,7 +33,7 @@ LOCK_NAME = ".lock"
 DISPOSABLE = frozenset({LOCK_NAME, "config.toml", "tokenizer.json", "corpus.json", "instruction_tokenizer.json",
                         "action_tokenizer.json", "action_tokens.json", "normalization.json", "vlm_template.json"})
 """Top-level files written before training (the trainers' set-up) that do not keep a failed run's folder alive;
-their atomic-write temporaries (``.NAME.tmp-*``, ``.NAME.*.tmp``) neither."""
+their atomic-write temporaries (``.NAME.*.tmp*``, :mod:`lf_orchestrator._atomic`) neither."""
 
 
 class RunFolderLocked(ValueError):
