@@ -79,6 +79,21 @@ def test_lock_is_released_and_reusable(tmp_path):
     assert (tmp_path / "run" / LOCK_NAME).read_text().split()[0] == str(os.getpid())
 
 
+def test_lock_of_a_killed_run_does_not_block(tmp_path):
+    """Oracle: the lock file a SIGKILLed holder leaves behind (naming its PID) does not stop a later claim, which
+    then names this process (flock locks die with their process; the file's content is only a label)."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    proc.kill()
+    proc.wait(timeout=30)
+    assert (run / LOCK_NAME).read_text().split()[0] == str(proc.pid)  # stale file left behind
+    with RunFolder(init_distributed("cpu")) as folder:
+        folder.claim(run, created=False)
+        assert (run / LOCK_NAME).read_text().split()[0] == str(os.getpid())
+
+
 def test_lf_run_resume_twice_is_refused(holder):
     """Oracle: `lf run --resume RUN` while another process holds RUN exits 2 naming RUN and that PID, and leaves
     the folder (a --resume folder is never removed) as it was."""
