@@ -34,3 +34,25 @@ def test_check_tensor_parallel_plan_matches_single_process(monkeypatch):
     found = re.search(r"max_rel_loss=(\S+) max_rel_grad=(\S+)", out.output)
     assert found and float(found[1]) <= 1e-5 and float(found[2]) <= 1e-5
     assert out.output.rstrip().endswith("OK")
+
+
+def test_check_output_is_not_buried_in_per_rank_warnings(monkeypatch):
+    """A context-parallel ZeRO-3 plan (cp=2 on 2 processes: dp_mesh slices the flattened dp_shard_cp dim) run as a
+    user runs it, stdout and stderr redirected: the table and OK are there, and no warning line is printed by
+    every rank (torch's "Slicing a flattened dim from root mesh" UserWarning was, once per rank).
+    Oracle: the single-process run (OK) and the captured output of the worker processes."""
+    import subprocess
+    import sys
+    from collections import Counter
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    proc = subprocess.run([sys.executable, "-m", "lf_orchestrator", "parallel", "check", "--recipe", "llama3",
+                           "--plan", "cp=2,zero=3", "--nproc", "2", "--steps", "1", "--global-batch", "2"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "llama3 tiny: 2 processes vs. 1, 1 AdamW steps" in proc.stdout and proc.stdout.rstrip().endswith("OK")
+    text = proc.stdout + proc.stderr
+    assert "Slicing a flattened dim" not in text, text
+    repeated = [line for line, n in Counter(text.splitlines()).items() if n > 1 and "Warning" in line]
+    assert repeated == [], repeated
