@@ -127,8 +127,8 @@ class TrainProgress:
         tok_s = self._rates.get("perf/tokens_per_s")
         acc = f"acc {stats['train/token_accuracy']:.2f} " if "train/token_accuracy" in stats else ""
         if self._bar is not None:
-            rate = f" {tok_s:,.0f} tok/s" if tok_s is not None else \
-                f" {self._rates.get('perf/samples_per_s', 0.0):,.1f} samples/s"
+            rate = f"{tok_s:,.0f} tok/s" if tok_s is not None else \
+                f"{self._rates.get('perf/samples_per_s', 0.0):,.1f} samples/s"
             self._bar.update(self._train_task, completed=step, info=f"loss {stats['train/loss']:.3f} {acc}{rate}")
             return
         if step % self.log_every and step != self._total:
