@@ -2,12 +2,14 @@
 
 Oracles: the eval JSON and ``bc_mlp/bc_mlp.json`` the command must write (read back: three policies per task,
 rates in [0, 1] that equal the stored per-episode flags, the training budget taken from ``summary.json``), the
-BC MLP's own loss curve (it must fall), and a float64 numpy reference of the action (un)normalization.
+BC MLP's own loss curve (it must fall), a float64 numpy reference of the action (un)normalization, and the
+progress lines of a redirected stdout (the BC MLP at each tenth of its step budget, the VLA's task).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -85,6 +87,13 @@ def test_lf_eval_bc_mlp_steps_budget(trained_runs, tmp_path):
     args = ["eval", str(run_dir), "--episodes", "1", "--no-random", "--baseline", "bc-mlp", "--device", "cpu"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
+    # progress on a redirected stdout: the BC MLP at each tenth of its 37 steps, then the VLA's task
+    lines = result.stdout.splitlines()
+    bc_steps = [int(m[1]) for m in (re.fullmatch(r"bc-mlp step (\d+)/37 loss \d+\.\d{4} ETA \d+:\d\d:\d\d", x)
+                                    for x in lines) if m]
+    assert bc_steps == [s for s in range(1, 38) if 10 * s // 37 > 10 * (s - 1) // 37], lines
+    assert any(re.fullmatch(r"eval vla reach-v3: success [01]/1 \(task 1/1, 1/1 episodes, .* ETA 0:00:00\)", x)
+               for x in lines), lines
     record = json.loads((run_dir / "bc_mlp" / "bc_mlp.json").read_text())
     batch = load_config(run_dir / "config.toml").train.global_batch
     assert (record["budget"], record["vla_steps"], record["steps"], record["batch_size"]) == ("steps", 37, 37, batch)

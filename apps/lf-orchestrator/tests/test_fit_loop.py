@@ -38,8 +38,8 @@ class _Trainer:
 
     def __init__(self, run_dir, *, steps, log_every=1, ckpt_every=100, on_nonfinite="skip", rollback_at=None):
         self.cfg = SimpleNamespace(train=SimpleNamespace(
-            steps=steps, log_every=log_every, ckpt_every=ckpt_every, hang_timeout_s=0.0, on_hang="abort",
-            on_nonfinite=on_nonfinite, profile_steps=[]))
+            steps=steps, global_batch=2, log_every=log_every, ckpt_every=ckpt_every, hang_timeout_s=0.0,
+            on_hang="abort", on_nonfinite=on_nonfinite, profile_steps=[]))
         self.ctx = SimpleNamespace(is_main=True, distributed=False, rank=0, device=torch.device("cpu"))
         self.run_dir, self.step, self.saved = run_dir, 0, []
         self.checkpointer = _Checkpointer()

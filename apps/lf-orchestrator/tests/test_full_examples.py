@@ -73,8 +73,8 @@ class _Trainer:
 
     def __init__(self, run_dir, steps, ckpt_every):
         self.cfg = SimpleNamespace(train=SimpleNamespace(steps=steps, log_every=1, ckpt_every=ckpt_every,
-                                                         hang_timeout_s=0.0, on_hang="abort", on_nonfinite="stop",
-                                                         profile_steps=[]))
+                                                         global_batch=2, hang_timeout_s=0.0, on_hang="abort",
+                                                         on_nonfinite="stop", profile_steps=[]))
         self.ctx = SimpleNamespace(is_main=True, distributed=False, rank=0, device=torch.device("cpu"))
         self.run_dir, self.step, self.saved = run_dir, 0, []
         self.checkpointer = SimpleNamespace(close=lambda: None, wait=lambda: None)

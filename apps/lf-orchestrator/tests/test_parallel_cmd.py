@@ -72,3 +72,25 @@ def test_plans_the_harness_does_not_run_are_refused_by_name():
         run_jobs([Job(recipe="llama3", plan="pp=2,grad_accum=2")], nproc=2)
     helped = " ".join(runner.invoke(app, ["parallel", "check", "--help"]).output.split())
     assert "gradients clipped to --grad-clip" in helped and "pp > 1, grad_accum > 1" in helped, helped
+
+
+def test_check_output_is_not_buried_in_per_rank_warnings(monkeypatch):
+    """A context-parallel ZeRO-3 plan (cp=2 on 2 processes: dp_mesh slices the flattened dp_shard_cp dim) run as a
+    user runs it, stdout and stderr redirected: the table and OK are there, and no warning line is printed by
+    every rank (torch's "Slicing a flattened dim from root mesh" UserWarning was, once per rank).
+    Oracle: the single-process run (OK) and the captured output of the worker processes."""
+    import subprocess
+    import sys
+    from collections import Counter
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    proc = subprocess.run([sys.executable, "-m", "lf_orchestrator", "parallel", "check", "--recipe", "llama3",
+                           "--plan", "cp=2,zero=3", "--nproc", "2", "--steps", "1", "--global-batch", "2"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "llama3 tiny: 2 processes vs. 1, 1 AdamW steps" in proc.stdout and proc.stdout.rstrip().endswith("OK")
+    text = proc.stdout + proc.stderr
+    assert "Slicing a flattened dim" not in text, text
+    repeated = [line for line, n in Counter(text.splitlines()).items() if n > 1 and "Warning" in line]
+    assert repeated == [], repeated

@@ -79,6 +79,21 @@ def test_lock_is_released_and_reusable(tmp_path):
     assert (tmp_path / "run" / LOCK_NAME).read_text().split()[0] == str(os.getpid())
 
 
+def test_lock_of_a_killed_run_does_not_block(tmp_path):
+    """Oracle: the lock file a SIGKILLed holder leaves behind (naming its PID) does not stop a later claim, which
+    then names this process (flock locks die with their process; the file's content is only a label)."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    proc.kill()
+    proc.wait(timeout=30)
+    assert (run / LOCK_NAME).read_text().split()[0] == str(proc.pid)  # stale file left behind
+    with RunFolder(init_distributed("cpu")) as folder:
+        folder.claim(run, created=False)
+        assert (run / LOCK_NAME).read_text().split()[0] == str(os.getpid())
+
+
 def test_lf_run_resume_twice_is_refused(holder):
     """Oracle: `lf run --resume RUN` while another process holds RUN exits 2 naming RUN and that PID, and leaves
     the folder (a --resume folder is never removed) as it was."""
@@ -126,3 +141,17 @@ def test_failed_plan_leaves_no_run_folder(tmp_path):
     assert result.exit_code == 2
     assert "must equal the number of processes (1)" in result.output
     assert list((tmp_path / "runs").iterdir()) == []
+
+
+def test_vla_run_failing_before_its_first_step_leaves_no_folder(tiny_config, tmp_path):
+    """The VLA trainer's path: a manual plan for 2 processes on 1 fails before the data and the set-up files, and
+    too few samples for the batch fails after model.json / the tokenizers were written; both exit 2 with the
+    checker's message and leave no run folder (before, plan.json-free folders with model.json stayed).
+    Oracle: the checker's messages and the listing of run.out_dir."""
+    runs = tmp_path / "runs"
+    for sets, message in [(["parallel.plan='manual'", "parallel.dp=2"], "must equal the number of processes (1)"),
+                          (["train.global_batch=4096", "parallel.micro_batch=4096"], "training sample(s)")]:
+        result = CliRunner().invoke(app, ["run", str(tiny_config), *[a for s in sets for a in ("--set", s)]])
+        assert result.exit_code == 2, result.output
+        assert message in " ".join(result.output.split()), result.output
+        assert not runs.exists() or list(runs.iterdir()) == [], sorted(runs.rglob("*"))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,11 @@ from torch import nn
 
 from lf_data import LeRobotDataset
 from lf_orchestrator import assembly
+from lf_orchestrator._atomic import atomic_path
 from lf_orchestrator.checkpoint import write_text_atomic
 from lf_orchestrator.config import Config, load_config
 from lf_orchestrator.families._metaworld import dataset_selection
+from lf_orchestrator.progress import format_eta
 
 BASELINES = ("bc-mlp",)
 """Names accepted by ``lf eval --baseline``."""
@@ -152,7 +154,7 @@ def vla_train_steps(run_dir: Path) -> int:
 
 def train_bc_mlp(run_dir: Path, *, budget: str = "steps", seconds: float | None = None, steps: int | None = None,
                  cfg: Config | None = None, batch_size: int | None = None, lr: float = 1e-3, log_every: int = 50,
-                 min_steps: int = 0) -> dict[str, Any]:
+                 min_steps: int = 0, report: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Train the BC MLP on the run's dataset for the VLA's training budget; save it.
 
     ``budget`` (:data:`BC_BUDGETS`): ``steps`` trains ``steps`` optimizer steps (default: the VLA's,
@@ -165,7 +167,8 @@ def train_bc_mlp(run_dir: Path, *, budget: str = "steps", seconds: float | None 
     (``time``: the budget; ``steps``: the VLA's recorded time, or None), ``vla_steps`` (``steps``: the budget),
     ``steps``, ``batch_size``, ``parameters``, ``loss_curve`` [[step, loss], ...] (mean over ``log_every``
     steps), ``loss_first`` / ``loss_last``. ``min_steps`` > 0 trains at least that many steps whatever the
-    time (``time`` budget: tests on a loaded machine; `lf eval` leaves it 0).
+    time (``time`` budget: tests on a loaded machine; `lf eval` leaves it 0). ``report`` receives a progress line
+    (step, loss, time left) about every tenth of the budget.
 
     Raises:
         ValueError: an unknown ``budget``, both ``seconds`` and ``steps``, or a non-positive one.
@@ -199,6 +202,7 @@ def train_bc_mlp(run_dir: Path, *, budget: str = "steps", seconds: float | None 
     batch_size = batch_size or cfg.train.global_batch
     onehot = torch.eye(n_tasks)
     curve, window, step, t0 = [], [], 0, time.perf_counter()
+    tenth = 0  # of the budget reported so far
     while True:
         idx = torch.randint(0, len(dataset), (batch_size,), generator=gen)
         mask = data["mask"][idx].unsqueeze(-1).float()  # (b, H, 1)
@@ -214,6 +218,14 @@ def train_bc_mlp(run_dir: Path, *, budget: str = "steps", seconds: float | None 
             window = []
         done = step >= vla_steps if budget == "steps" else \
             step >= min_steps and time.perf_counter() - t0 >= vla_seconds
+        if report is not None:
+            elapsed = time.perf_counter() - t0
+            frac = step / vla_steps if budget == "steps" else elapsed / vla_seconds
+            if done or int(10 * frac) > tenth:
+                tenth = int(10 * frac)
+                of = f"/{vla_steps}" if budget == "steps" else f" ({elapsed:.0f}/{vla_seconds:.0f} s)"
+                report(f"bc-mlp step {step}{of} loss {loss.item():.4f} "
+                       f"ETA {format_eta(0.0 if done else elapsed / max(frac, 1e-9) - elapsed)}")
         if done:
             break
     if window:
@@ -225,7 +237,8 @@ def train_bc_mlp(run_dir: Path, *, budget: str = "steps", seconds: float | None 
               "loss_first": curve[0][1], "loss_last": curve[-1][1], "loss_curve": curve}
     out = run_dir / BC_DIR
     out.mkdir(exist_ok=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    with atomic_path(out / "model.safetensors") as tmp:
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
     write_text_atomic(out / "bc_mlp.json", json.dumps(record, indent=1))
     return record
 

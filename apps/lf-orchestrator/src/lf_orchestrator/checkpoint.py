@@ -21,12 +21,13 @@ either (a legacy one under the world size that wrote it).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
+
+from lf_orchestrator._atomic import write_text_atomic  # noqa: F401  (re-exported: its importers use this module)
 
 MODEL_FILE = "model.safetensors"
 """Legacy layout: the model weights (safetensors)."""
@@ -36,22 +37,6 @@ MARKER = ".lf_complete"
 """DCP layout: the completion marker (``lf_parallel.MARKER``)."""
 PREFIX = "model."
 """DCP layout: the trainers' prefix in front of the recipe model's parameter names."""
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so readers see the old or the new file, never half."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    _fsync(tmp)
-    os.replace(tmp, path)
 
 
 def is_legacy(path: Path) -> bool:

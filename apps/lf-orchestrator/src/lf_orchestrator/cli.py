@@ -289,9 +289,10 @@ def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = 
                   f"loss curve: {run_dir / 'loss_curve.png'}")
     if cfg.eval.at_end and cfg.data.source == "metaworld":
         from lf_orchestrator.evaluate import evaluate_run
+        from lf_orchestrator.progress import LineReporter
 
         console.print("evaluating closed-loop in Meta-World ...")
-        print_eval(evaluate_run(run_dir, device=ctx.device))
+        print_eval(evaluate_run(run_dir, device=ctx.device, report=LineReporter(console)))
 
 
 @app.command("eval")
@@ -337,6 +338,7 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
               + ("; `lf sample` makes clips" if recipe == "wan_dit" else ""))
     _threads(0)
     from lf_orchestrator.evaluate import evaluate_run
+    from lf_orchestrator.progress import LineReporter
     from lf_parallel import resolve_device
 
     try:
@@ -348,7 +350,7 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
         report = evaluate_run(run_dir, device=dev, episodes=episodes,
                               tasks=tasks.split(",") if tasks else None, random_baseline=random,
                               out_name=out_name, baselines=baseline or (), bc_seconds=bc_seconds,
-                              bc_budget=bc_budget)
+                              bc_budget=bc_budget, report=LineReporter(console))
     except (FileNotFoundError, ConfigError, ValueError) as err:
         _fail(str(err))
     print_eval(report)

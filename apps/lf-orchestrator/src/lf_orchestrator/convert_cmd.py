@@ -55,16 +55,15 @@ def import_hf(src: Annotated[Path, typer.Argument(help="Peer model folder (confi
     from safetensors.torch import save_file
 
     from lf_ir import interop
-    from lf_orchestrator.checkpoint import write_text_atomic
+    from lf_orchestrator._atomic import atomic_path, write_text_atomic
 
     try:
         cfg, state = getattr(interop, CONVERTERS[recipe][0])(src)
     except (ValueError, KeyError, FileNotFoundError) as err:
         _fail(f"{src}: {err}")
     dst.mkdir(parents=True, exist_ok=True)
-    tmp = dst / ".model.safetensors.tmp"
-    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp), metadata={"format": "pt"})
-    tmp.replace(dst / "model.safetensors")
+    with atomic_path(dst / "model.safetensors") as tmp:
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp), metadata={"format": "pt"})
     write_text_atomic(dst / "model.json", json.dumps(
         {"recipe": recipe, "config": msgspec.to_builtins(cfg)}, indent=1))
     console.print(f"wrote {dst} ({sum(v.numel() for v in state.values()):,} parameters)")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,6 +29,7 @@ from lf_memory import resolve_precision
 from lf_orchestrator import assembly
 from lf_orchestrator.checkpoint import latest_checkpoint, load_weights, write_text_atomic
 from lf_orchestrator.config import Config, load_config
+from lf_orchestrator.progress import EvalProgress
 
 
 class Policy(Protocol):
@@ -100,12 +101,14 @@ class RandomPolicy:
 
 
 def rollout(policy: Policy, task: str, *, episodes: int, seed: int, max_steps: int,
-            image_size: int, parallel_envs: int = 10) -> list[bool]:
+            image_size: int, parallel_envs: int = 10,
+            on_episodes: Callable[[int, int], None] | None = None) -> list[bool]:
     """Success flag per episode; episode ``e`` resets with ``metaworld_episode_seed(seed, task, e)``.
 
     Training demonstrations use the run seed as base, evaluation ``eval.seed``, so the
     evaluated goals are not the ones trained on. ``parallel_envs`` environments are
-    stepped in lock-step and reused for later episodes.
+    stepped in lock-step and reused for later episodes; after each such group
+    ``on_episodes(done, count)`` is called (episodes of ``task`` finished so far, and in this group).
     """
     results: list[bool] = []
     envs = [MetaWorldEnv(task, image_size=image_size, max_steps=max_steps)
@@ -136,6 +139,8 @@ def rollout(policy: Policy, task: str, *, episodes: int, seed: int, max_steps: i
                     if not active:
                         break
             results.extend(success)
+            if on_episodes is not None:
+                on_episodes(len(results), len(success))
     finally:
         for env in envs:
             env.close()
@@ -181,7 +186,8 @@ def eval_tasks(cfg, tasks: list[str] | None = None) -> list[str]:
 def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = None,
                  tasks: Sequence[str] | None = None, random_baseline: bool | None = None,
                  out_name: str = "eval.json", baselines: Sequence[str] = (),
-                 bc_seconds: float | None = None, bc_budget: str = "steps") -> dict[str, Any]:
+                 bc_seconds: float | None = None, bc_budget: str = "steps",
+                 report: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Closed-loop success per task for a run (and the random baseline); writes ``out_name``.
 
     The random baseline runs in a second process while the VLA is evaluated here, so a
@@ -192,6 +198,9 @@ def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = 
     over several sessions, whose ``summary.json`` times only the last) unless ``RUN/bc_mlp/`` holds one
     trained under the same rule, rolled out in the same worker with the same seeds; its rows get
     ``bc_mlp_success`` and the report its training record (with ``budget_rule``) under ``bc_mlp``.
+    ``report`` (e.g. :class:`lf_orchestrator.progress.LineReporter`) receives progress lines: the BC MLP's
+    training and, per group of episodes and per task, the VLA's rollouts with the time left
+    (:class:`lf_orchestrator.progress.EvalProgress`).
 
     Raises:
         ValueError: an unknown task or baseline name.
@@ -219,7 +228,7 @@ def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = 
         saved = record_path.is_file() and (run_dir / BC_DIR / "model.safetensors").is_file()
         bc_record = json.loads(record_path.read_text()) if saved else None
         if bc_record is None or bc_record.get("budget", "time") != budget:  # none yet, or another rule's
-            bc_record = train_bc_mlp(run_dir, cfg=cfg, budget=budget, seconds=bc_seconds)
+            bc_record = train_bc_mlp(run_dir, cfg=cfg, budget=budget, seconds=bc_seconds, report=report)
     policy = VLAPolicy.from_run(run_dir, device, cfg)
     baseline = e.random_baseline if random_baseline is None else random_baseline
     kw = dict(episodes=episodes, seed=e.seed, max_steps=e.max_steps,
@@ -230,9 +239,12 @@ def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = 
                               str(run_dir) if bc_record is not None else None
                               ) if baseline or bc_record is not None else None
         vla, invalid = {}, {}  # FAST: chunks decoded / fallen back to zero actions, per task
+        progress = EvalProgress(report, tasks, episodes)
         for task in tasks:
             before = dict(getattr(policy.encoder, "decode_counts", {}))
-            vla[task] = rollout(policy, task, **kw)
+            vla[task] = rollout(policy, task, **kw,
+                                on_episodes=lambda done, count, task=task: progress.episodes_done(task, done, count))
+            progress.task_done(task, vla[task])
             if hasattr(policy.encoder, "decode_counts"):
                 invalid[task] = {k: v - before[k] for k, v in policy.encoder.decode_counts.items()}
         others = pending.result() if pending is not None else {}

@@ -7,9 +7,11 @@ pipeline-parallel step, :mod:`lf_orchestrator.families._pipeline_step`), and :fu
 learning-rate schedule.
 
 Per step: ``trainer.train_step()``; every ``train.log_every`` steps (and the last) the scalars go to
-``metrics.jsonl`` / TensorBoard with the throughput of the window since the previous log line, ``step_s``
-(seconds per step over that window, checkpoint writes included) and, on CUDA, ``peak_mem_gib``
-(``torch.cuda.max_memory_allocated`` since the start, GiB, of the main rank, which writes the logs); every
+``metrics.jsonl`` / TensorBoard with the throughput of the window since the previous log line (the trainer's
+``rate_key``, ``perf/samples_per_s``: ``train.global_batch`` samples per step, and with ``tokens_per_step``
+``perf/tokens_per_s``), ``step_s`` (seconds per step over that window, checkpoint writes included) and, on
+CUDA, ``peak_mem_gib`` (``torch.cuda.max_memory_allocated`` since the start, GiB, of the main rank, which writes
+the logs); every
 ``train.ckpt_every`` steps (and the last) ``trainer.save()`` and ``loss_curve.png`` (rank 0); with
 ``train.ckpt_every = 0`` nothing is saved, not even the last step or at a signal (the curve is still drawn at the
 end): for throughput runs of models whose optimizer state would fill the disk. Faults
@@ -89,7 +91,7 @@ def apply_update(trainer) -> float:
 
 def fit_loop(trainer, on_step: StepCallback | None = None, *, step_units: Callable[[dict[str, float]], float],
              rate_key: str, loss_label: str, evaluate: Callable[[], dict[str, float]] | None = None,
-             summary: dict[str, Any] | None = None) -> dict[str, Any]:
+             summary: dict[str, Any] | None = None, tokens_per_step: int | None = None) -> dict[str, Any]:
     """Train ``trainer`` until ``train.steps``, logging and checkpointing; returns the run's summary.
 
     Args:
@@ -101,6 +103,8 @@ def fit_loop(trainer, on_step: StepCallback | None = None, *, step_units: Callab
         evaluate: held-out metrics computed after the final save unless preempted, logged at the last step and
             returned as the summary's ``eval`` (absent from the summary when None).
         summary: more summary fields, placed after ``final`` / ``eval``.
+        tokens_per_step: sequence tokens of one global batch (``perf/tokens_per_s``); None: the trainer's
+            ``rate_key`` already is that rate, or the run has no tokens.
 
     Returns:
         ``steps``, ``resumed_from``, ``seconds``, ``final`` (the last step's scalars), [``eval``], ``summary``'s
@@ -139,7 +143,11 @@ def fit_loop(trainer, on_step: StepCallback | None = None, *, step_units: Callab
                 window_steps += 1
                 if trainer.step % t.log_every == 0 or trainer.step == t.steps:
                     now = time.perf_counter()
-                    last[rate_key] = window_units / max(now - window_t, 1e-9)
+                    seconds = max(now - window_t, 1e-9)
+                    last[rate_key] = window_units / seconds
+                    last["perf/samples_per_s"] = window_steps * t.global_batch / seconds
+                    if tokens_per_step is not None:
+                        last["perf/tokens_per_s"] = window_steps * tokens_per_step / seconds
                     last["step_s"] = (now - window_t) / max(window_steps, 1)
                     window_units, window_t, window_steps = 0.0, now, 0
                     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lf_orchestrator._atomic import atomic_path
+
 METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "loss_curve.png"
 
@@ -89,8 +91,9 @@ def plot_loss_curve(run_dir: Path, ylabel: str = "training loss", *, out: Path |
     ax.grid(alpha=0.3)
     fig.tight_layout()
     out = Path(out) if out is not None else Path(run_dir) / CURVE_FILE
-    tmp = out.with_name(f".{out.stem}.tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    tmp.replace(out)
+    try:
+        with atomic_path(out) as tmp:  # a unique temporary: two writers never share one
+            fig.savefig(tmp, format="png")
+    finally:
+        plt.close(fig)
     return out

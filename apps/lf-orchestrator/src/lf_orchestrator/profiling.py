@@ -159,7 +159,7 @@ class StepProfiler:
         if not self.cuda:  # no GPU timeline: busy / idle / exposed figures would read as a 100%-idle GPU
             for key in ("busy_s_per_step", "idle_s_per_step", "exposed_communication_s_per_step"):
                 summary[key] = None
-        from lf_orchestrator.checkpoint import write_text_atomic
+        from lf_orchestrator._atomic import atomic_path, write_text_atomic
 
         write_text_atomic(self.out / f"rank{self.rank}_summary.json", json.dumps(summary, indent=1))
         sort = "self_device_time_total" if self.cuda else "self_cpu_time_total"
@@ -168,8 +168,7 @@ class StepProfiler:
         if self.rank == 0:
             raw = self.out / "rank0_trace.json"
             prof.export_chrome_trace(str(raw))
-            tmp = self.out / "rank0_trace.json.gz.tmp"
-            with raw.open("rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+            with atomic_path(self.out / "rank0_trace.json.gz") as tmp, raw.open("rb") as src, \
+                    gzip.open(tmp, "wb", compresslevel=6) as dst:
                 shutil.copyfileobj(src, dst)
-            tmp.replace(self.out / "rank0_trace.json.gz")
             raw.unlink()

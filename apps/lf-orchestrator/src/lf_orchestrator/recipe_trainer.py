@@ -288,7 +288,8 @@ class RecipeTrainer:
     def fit(self, on_step: StepCallback | None = None) -> dict[str, Any]:
         """Train until ``train.steps``, logging, checkpointing and evaluating at the end (``eval.at_end``);
         returns a summary with ``eval`` and ``plan`` (:func:`lf_orchestrator.fit.fit_loop`; throughput
-        ``perf/units_per_s``: target units per second).
+        ``perf/units_per_s``: target units per second, ``perf/tokens_per_s``: the global batch's ``seq_len``
+        tokens per second, ``perf/samples_per_s``).
 
         SIGTERM / SIGINT: the step is checkpointed and the summary says ``preempted`` (``signal``: the name,
         ``exit_code``: 143 / 130); no evaluation then.
@@ -299,4 +300,5 @@ class RecipeTrainer:
         """
         evaluate = self.evaluate if self.cfg.eval.at_end else (lambda: {})  # the summary always has "eval"
         return fit_loop(self, on_step, step_units=lambda s: s["train/target_units"], rate_key="perf/units_per_s",
-                        loss_label=self.family.loss_label, evaluate=evaluate, summary={"plan": self.plan.describe()})
+                        loss_label=self.family.loss_label, evaluate=evaluate, summary={"plan": self.plan.describe()},
+                        tokens_per_step=self.cfg.train.global_batch * self.family.seq_len)

@@ -15,6 +15,7 @@ from lf_orchestrator.checkpoint import write_text_atomic
 from lf_orchestrator.families._recompute import plan_line
 from lf_orchestrator.families._tune import tuned_plan_of
 from lf_orchestrator.fit import trained_phrase
+from lf_orchestrator.progress import TrainProgress
 from lf_orchestrator.recipe_trainer import RecipeTrainer, precision_name, prepare_family
 from lf_orchestrator.run_folder import absolute_paths, start_run_folder
 from lf_parallel import DistContext
@@ -92,12 +93,10 @@ def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None,
         if "data" in info:
             console.print(f"data: {info['data']}", highlight=False)
 
-    def on_step(step: int, s: dict) -> None:
-        if ctx.is_main and (step % cfg.train.log_every == 0 or step == cfg.train.steps):
-            console.print(f"step {step}/{cfg.train.steps} loss {s['train/loss']:.4f} lr {s['train/lr']:.2e}",
-                          highlight=False)
-
-    summary = trainer.fit(on_step)
+    # the VLA trainer's progress: a bar on a terminal, else plain lines with step time, throughput and ETA
+    with TrainProgress(console, enabled=ctx.is_main, log_every=cfg.train.log_every) as progress:
+        progress.start(cfg.train.steps, trainer.step)
+        summary = trainer.fit(progress.step)
     if summary["preempted"]:
         import typer
 

@@ -12,11 +12,11 @@ one job, on a shared file system, conflict with each other. ``flock`` across hos
 supports it (local disks, NFSv4, Lustre mounted with ``-o flock``); where it does not, the lock still guards
 against a second run on rank 0's host.
 
-On an exception, a folder that this process created and in which nothing but the resolved config and the
-set-up files derived from it (:data:`DISPOSABLE`: lock, tokenizers, normalization, corpus description; all
-rewritten by a new run) and empty folders was written is removed again. A folder given by the user
-(``--resume``, an existing ``--run-dir``) or one holding anything else (checkpoints, metrics, plan, logs) is
-never removed.
+On an exception, a folder that this process created and in which nothing but the resolved config, the
+set-up files derived from it (:data:`DISPOSABLE`: lock, tokenizers, normalization, corpus description, the
+VLA's model.json, the video family's text encoder and VAE copy; all rewritten by a new run) and empty folders
+were written is removed again. A folder given by the user (``--resume``, an existing ``--run-dir``) or one
+holding anything else (checkpoints, metrics, plan, logs) is never removed.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from types import TracebackType
 LOCK_NAME = ".lock"
 """The lock file inside a run folder (kept after the run; its content names the last holder)."""
 DISPOSABLE = frozenset({LOCK_NAME, "config.toml", "tokenizer.json", "corpus.json", "instruction_tokenizer.json",
-                        "action_tokenizer.json", "action_tokens.json", "normalization.json", "vlm_template.json"})
+                        "action_tokenizer.json", "action_tokens.json", "normalization.json", "vlm_template.json",
+                        "model.json", "text_encoder.safetensors", "trained_instructions.json", "vae.safetensors"})
 """Top-level files written before training (the trainers' set-up) that do not keep a failed run's folder alive;
-their atomic-write temporaries (``.NAME.tmp-*``, ``.NAME.*.tmp``) neither."""
+their atomic-write temporaries (``.NAME.*.tmp*``, :mod:`lf_orchestrator._atomic`) neither."""
 
 
 class RunFolderLocked(ValueError):

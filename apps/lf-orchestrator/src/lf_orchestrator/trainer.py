@@ -135,6 +135,7 @@ class Trainer:
                  data_progress: Callable[[int, int], None] | None = None):
         self.cfg, self.run_dir, self.ctx = cfg, Path(run_dir), ctx
         torch.manual_seed(cfg.run.seed)
+        self.plan = make_plan(cfg, ctx)  # before the data and the run folder's set-up files: fail fast
         self.dataset = prepare_dataset(cfg, ctx, data_progress)
         ckpt = latest_checkpoint(self.run_dir) if resume else None
         if resume and ckpt is None:
@@ -151,7 +152,6 @@ class Trainer:
         if ctx.is_main:
             assembly.save_model_spec(self.model, self.run_dir)
         self.precision = resolve_precision(cfg.memory.precision, ctx.device)
-        self.plan = make_plan(cfg, ctx)
         self.recompute_plan = make_recompute_plan(cfg, self.model, self.plan.micro_batch, self.precision,
                                                   ctx.device)
         self.recomputed = apply_recompute(nn.ModuleList(self.model.blocks), cfg.memory.recompute,

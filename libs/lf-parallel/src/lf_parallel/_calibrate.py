@@ -26,6 +26,7 @@ from pathlib import Path
 
 import msgspec
 
+from lf_parallel._atomic import write_text_atomic
 from lf_parallel._cluster import Cluster, ClusterError, GPUSpec, _match_device
 
 _H200_PEAK, _H200_HBM = 989.4, 4.8
@@ -200,10 +201,7 @@ def save_calibration(cal: Calibration, device_name: str, path: Path | None = Non
     key = _key(device_name, torch.__version__, *((comm.ranks, comm.gpus_per_node) if comm else ()))
     data[key] = msgspec.to_builtins(cal)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
-    return path
+    return write_text_atomic(path, json.dumps(data, indent=1))
 
 
 def _timed(fn, repeats: int) -> float:

@@ -26,8 +26,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import os
-import shutil
 import sys
 import sysconfig
 import zlib
@@ -35,6 +33,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from lf_orchestrator._atomic import atomic_dir
 
 EOS = "<|endoftext|>"
 FORMAT = 1
@@ -116,20 +116,14 @@ def build_corpus(c, vocab_size: int) -> Path:
     for split, texts in (("train", train), ("eval", held_out)):
         packed = pack_sequences(_pieces(tok, texts, c.seq_len), c.seq_len)[0]
         tensors.update({f"{split}.{f}": getattr(packed, f).contiguous() for f in FIELDS})
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    tok.save(str(tmp / "tokenizer.json"))
-    save_file(tensors, str(tmp / "rows.safetensors"))
     meta = {"documents": len(docs), "train_documents": len(train), "eval_documents": len(held_out),
             "chars": sum(map(len, docs)), "train_rows": int(tensors["train.input_ids"].shape[0]),
             "eval_rows": int(tensors["eval.input_ids"].shape[0]), "python": sys.version.split()[0],
             "vocab_size": vocab_size, "tokenizer_vocab": tok.get_vocab_size(), "seq_len": c.seq_len}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    try:
-        os.replace(tmp, final)
-    except OSError:  # another process finished first: keep its copy
-        shutil.rmtree(tmp, ignore_errors=True)
+    with atomic_dir(final) as tmp:  # another process that finished first keeps its copy
+        tok.save(str(tmp / "tokenizer.json"))
+        save_file(tensors, str(tmp / "rows.safetensors"))
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     return final
 
 

@@ -22,6 +22,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from lf_orchestrator._atomic import atomic_path
+
 VAE_FILE = "vae.safetensors"
 """The DiT run folder's VAE: weights (lf-ir names) + metadata ``{"config": WanVAEConfig as JSON}``."""
 
@@ -106,7 +108,8 @@ def with_stats(vae, mean: tuple[float, ...], std: tuple[float, ...]):
 def save_vae_file(path: Path, vae) -> None:
     """Write ``vae``'s weights and config (latent statistics included) to ``path`` (:data:`VAE_FILE`)."""
     state = {k: v.detach().cpu().contiguous() for k, v in vae.state_dict().items()}
-    save_file(state, str(path), metadata={"config": msgspec.json.encode(vae.cfg).decode()})
+    with atomic_path(path) as tmp:
+        save_file(state, str(tmp), metadata={"config": msgspec.json.encode(vae.cfg).decode()})
 
 
 def load_vae_file(path: Path, device: torch.device | str = "cpu"):

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
+from lf_orchestrator._atomic import atomic_dir, atomic_path, write_text_atomic
 
 FORMAT = 2
 
@@ -121,14 +121,8 @@ def encode_clips(cfg, dataset, batch: int = 4, device: torch.device | str = "cpu
     tensors = {"latents": vae.normalize_latents(raw).contiguous(),
                "task_index": torch.tensor([t for _, t in starts]),
                "latents_mean": torch.tensor(vae.cfg.latents_mean), "latents_std": torch.tensor(vae.cfg.latents_std)}
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(tensors, str(tmp / "latents.safetensors"))
-    try:
-        os.replace(tmp, final)
-    except OSError:  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
+    with atomic_dir(final) as tmp:  # another process that finished first keeps its copy
+        save_file(tensors, str(tmp / "latents.safetensors"))
     return tensors
 
 
@@ -149,13 +143,9 @@ def encode_text(tok, table: torch.Tensor, texts: list[str], text_len: int) -> to
 def save_text_encoder(run_dir: Path, tok, table: torch.Tensor) -> None:
     """Write ``instruction_tokenizer.json`` and ``text_encoder.safetensors`` into the run folder (each atomically:
     a reader sees the old file or the new one)."""
-    from lf_orchestrator.checkpoint import write_text_atomic
-
     write_text_atomic(Path(run_dir) / "instruction_tokenizer.json", tok.to_str(pretty=True))
-    final = Path(run_dir) / "text_encoder.safetensors"
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    save_file({"embedding": table.contiguous()}, str(tmp))
-    os.replace(tmp, final)
+    with atomic_path(Path(run_dir) / "text_encoder.safetensors") as tmp:
+        save_file({"embedding": table.contiguous()}, str(tmp))
 
 
 TRAINED_FILE = "trained_instructions.json"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +24,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from lf_kernels import fused_linear_cross_entropy
+from lf_orchestrator._atomic import write_bytes_atomic, write_text_atomic
 from lf_orchestrator.families._context import cp_all_sum, lm_batch_shard
 from lf_orchestrator.families._corpus import build_corpus, load_rows
 from lf_orchestrator.families.base import Family
@@ -68,8 +68,8 @@ class LLMFamily(Family):
         self.rows = load_rows(self.folder, "train")
         self.eval_rows = load_rows(self.folder, "eval")
         if self.ctx.is_main:
-            shutil.copyfile(self.folder / "tokenizer.json", self.run_dir / "tokenizer.json")
-            (self.run_dir / "corpus.json").write_text((self.folder / "meta.json").read_text())
+            write_bytes_atomic(self.run_dir / "tokenizer.json", (self.folder / "tokenizer.json").read_bytes())
+            write_text_atomic(self.run_dir / "corpus.json", (self.folder / "meta.json").read_text())
         self.meta = json.loads((self.folder / "meta.json").read_text())
         ids, vocab = self.meta.get("tokenizer_vocab", self.recipe_cfg.vocab_size), self.recipe_cfg.vocab_size
         if ids < vocab:  # the log and plan.json say so (families/_corpus.py: the BPE ran out of merges)

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from lf_ir import mrope_position_ids
+from lf_orchestrator._atomic import write_text_atomic
 from lf_orchestrator.families._metaworld import open_dataset, split_episodes
 from lf_orchestrator.families.base import Family
 
@@ -78,8 +79,8 @@ class VLMFamily(Family):
                              f"start at {first_special} (vocab_size {rc.vocab_size}); raise model.overrides")
         self.n_image_tokens = image_tokens(v.image_size, rc)
         if self.ctx.is_main:
-            self.tok.save(str(self.run_dir / "instruction_tokenizer.json"))
-            (self.run_dir / "vlm_template.json").write_text(json.dumps(
+            write_text_atomic(self.run_dir / "instruction_tokenizer.json", self.tok.to_str(pretty=True))
+            write_text_atomic(self.run_dir / "vlm_template.json", json.dumps(
                 {"im_start": self.im_start, "im_end": self.im_end, "image_tokens": self.n_image_tokens,
                  "train_frames": len(self.train_frames), "eval_frames": len(self.eval_frames)}))
 
