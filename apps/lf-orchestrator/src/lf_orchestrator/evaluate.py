@@ -181,7 +181,8 @@ def eval_tasks(cfg, tasks: list[str] | None = None) -> list[str]:
 def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = None,
                  tasks: Sequence[str] | None = None, random_baseline: bool | None = None,
                  out_name: str = "eval.json", baselines: Sequence[str] = (),
-                 bc_seconds: float | None = None, bc_budget: str = "steps") -> dict[str, Any]:
+                 bc_seconds: float | None = None, bc_budget: str = "steps",
+                 cfg: Config | None = None) -> dict[str, Any]:
     """Closed-loop success per task for a run (and the random baseline); writes ``out_name``.
 
     The random baseline runs in a second process while the VLA is evaluated here, so a
@@ -191,14 +192,15 @@ def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = 
     optimizer steps at its batch size, or ``time``, its training time or ``bc_seconds``: a VLA run trained
     over several sessions, whose ``summary.json`` times only the last) unless ``RUN/bc_mlp/`` holds one
     trained under the same rule, rolled out in the same worker with the same seeds; its rows get
-    ``bc_mlp_success`` and the report its training record (with ``budget_rule``) under ``bc_mlp``.
+    ``bc_mlp_success`` and the report its training record (with ``budget_rule``) under ``bc_mlp``. ``cfg``: the
+    run's config as read with overrides (``lf eval --set``); default: ``run_dir/config.toml`` as it is.
 
     Raises:
         ValueError: an unknown task or baseline name.
         FileNotFoundError: no checkpoint, or (for ``bc-mlp``) no ``summary.json`` to time its training.
     """
     run_dir = Path(run_dir)
-    cfg = load_config(run_dir / "config.toml")
+    cfg = cfg or load_config(run_dir / "config.toml")
     e = cfg.eval
     episodes = episodes or e.episodes
     tasks = eval_tasks(cfg, tasks)
