@@ -126,6 +126,7 @@ def test_sample_refuses_keys_that_change_the_trained_model(video_run):
         code, out = _invoke("sample", video_run, *prompt, "--set", key)
         name = key.partition("=")[0]
         assert code == 2 and f"lf sample: --set {name} cannot change for a trained run" in out and allowed in out, out
+    assert "lf sample runs on the CPU" in out
     code, out = _invoke("sample", video_run, *prompt, "--set", "video.sample_step=2")
     assert code == 2 and "unknown key 'video.sample_step'; did you mean 'video.sample_steps'?" in out, out
     code, out = _invoke("sample", video_run, *prompt, "--steps", "2", "--set", "video.sample_steps=3")

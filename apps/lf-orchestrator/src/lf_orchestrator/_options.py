@@ -32,12 +32,13 @@ def set_keys(overrides: Optional[list[str]]) -> set[str]:
 
 
 def load_trained_run(run_dir: Path, overrides: Optional[list[str]], allowed: tuple[str, ...], command: str,
-                     options: Optional[dict[str, tuple[str, Any]]] = None):
+                     options: Optional[dict[str, tuple[str, Any]]] = None, hint: str = ""):
     """``run_dir/config.toml`` with the ``--set`` overrides applied in memory (the file is not rewritten), for a
     command that uses an already trained run (`lf eval`, `lf sample`).
 
     ``allowed``: the keys the overrides may change (:data:`EVAL_KEYS`, :data:`SAMPLE_KEYS`); ``options``: for each
-    key that an explicit option of the command also sets, ``(option name, its value)``, None when not given.
+    key that an explicit option of the command also sets, ``(option name, its value)``, None when not given;
+    ``hint``: a sentence that ends a refusal.
 
     Raises:
         ConfigError: a key outside ``allowed`` (named, with the allowed keys; a misspelled key with the closest valid
@@ -46,7 +47,8 @@ def load_trained_run(run_dir: Path, overrides: Optional[list[str]], allowed: tup
     from lf_orchestrator.config import ConfigError, check_override_keys, load_config
 
     check_override_keys(overrides, allowed, command,
-                        "for a trained run (the run's checkpoint and data fix it; train another run to change it)")
+                        "for a trained run (the run's checkpoint and data fix it; train another run to change it)",
+                        hint)
     given = set_keys(overrides)
     for key, (option, value) in (options or {}).items():
         if value is not None and key in given:

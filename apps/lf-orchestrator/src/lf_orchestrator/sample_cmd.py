@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 
 from lf_orchestrator._console import make_console
-from lf_orchestrator._options import SetOpt
+from lf_orchestrator._options import SAMPLE_KEYS, SetOpt, load_trained_run, set_keys
 
 console = make_console(stderr=True)
 
@@ -47,7 +47,6 @@ def sample_cmd(run_dir: Annotated[Path, typer.Argument(help="A video-family run 
     --set changes, in memory only, the sampling keys of the run's config.toml: video.frames, video.sample_steps,
     video.guidance, video.shift, run.threads (any other key is refused by name; a key that an option given here
     also sets, e.g. --steps with --set video.sample_steps, too)."""
-    from lf_orchestrator._options import SAMPLE_KEYS, load_trained_run, set_keys
     from lf_orchestrator.config import ConfigError
 
     if not prompt.strip():
@@ -57,7 +56,7 @@ def sample_cmd(run_dir: Annotated[Path, typer.Argument(help="A video-family run 
     try:
         cfg = load_trained_run(run_dir, overrides, SAMPLE_KEYS, "lf sample", {
             "video.frames": ("--frames", frames), "video.sample_steps": ("--steps", steps),
-            "video.guidance": ("--guidance", guidance)})
+            "video.guidance": ("--guidance", guidance)}, hint="lf sample runs on the CPU")
     except ConfigError as err:
         _fail(str(err))
     if "run.threads" in set_keys(overrides):
