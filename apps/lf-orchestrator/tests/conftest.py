@@ -76,3 +76,22 @@ def tiny_config(tmp_path, dataset_dir) -> Path:
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(TINY.format(out=tmp_path / "runs", data=dataset_dir))
     return cfg
+
+
+@pytest.fixture(scope="session")
+def vla_run(dataset_dir, tmp_path_factory) -> Path:
+    """A 2-step VLA run folder written by `lf run` (one DCP checkpoint at step 2, no evaluation), shared by the
+    session: tests that change it work on copies."""
+    from typer.testing import CliRunner
+
+    from lf_orchestrator.cli import app
+    from lf_orchestrator.config import load_config
+
+    base = tmp_path_factory.mktemp("vla")
+    cfg = base / "tiny.toml"
+    cfg.write_text(TINY.format(out=base / "runs", data=dataset_dir))
+    sets = ["train.steps=2", "train.ckpt_every=2", "eval.at_end=false", "run.threads=1"]
+    result = CliRunner().invoke(app, ["run", str(cfg), *[a for s in sets for a in ("--set", s)]])
+    assert result.exit_code == 0, result.output
+    (run,) = [p for p in Path(load_config(cfg).run.out_dir).iterdir() if p.is_dir()]
+    return run

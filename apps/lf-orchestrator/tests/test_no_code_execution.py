@@ -71,21 +71,6 @@ def _invoke(*args) -> tuple[int, str]:
     return result.exit_code, " ".join(result.output.split())
 
 
-@pytest.fixture(scope="module")
-def vla_run(dataset_dir, tmp_path_factory) -> Path:
-    """A 2-step VLA run written by `lf run` (one DCP checkpoint at step 2), shared; tests work on copies."""
-    from conftest import TINY
-
-    base = tmp_path_factory.mktemp("vla")
-    cfg = base / "tiny.toml"
-    cfg.write_text(TINY.format(out=base / "runs", data=dataset_dir))
-    sets = ["train.steps=2", "train.ckpt_every=2", "eval.at_end=false", "run.threads=1"]
-    code, out = _invoke("run", cfg, *[a for s in sets for a in ("--set", s)])
-    assert code == 0, out
-    (run,) = [p for p in Path(load_config(cfg).run.out_dir).iterdir() if p.is_dir()]
-    return run
-
-
 def _copy(run: Path, tmp_path: Path) -> tuple[Path, Path]:
     """A copy of the run folder and its checkpoint folder."""
     copy = Path(shutil.copytree(run, tmp_path / "run"))

@@ -25,12 +25,12 @@ def _json(args: list[str]) -> dict:
 
 def test_every_config_command_takes_the_same_set_option():
     """Oracle: ``_options.SetOpt``'s help; run, launch, plan, memory and config show declare --set through it (the
-    same help text and metavar), not copies."""
+    same help text and metavar), not copies; so do eval and sample (their keys: test_eval_sample_set.py)."""
     from lf_orchestrator._options import SetOpt
 
     help_text = SetOpt.__metadata__[0].help
     command = typer.main.get_command(app)
-    paths = [["run"], ["launch"], ["plan"], ["memory"], ["config", "show"]]
+    paths = [["run"], ["launch"], ["plan"], ["memory"], ["config", "show"], ["eval"], ["sample"]]
     for path in paths:
         cmd = command
         for name in path:

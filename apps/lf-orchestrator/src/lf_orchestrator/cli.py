@@ -300,7 +300,10 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
              episodes: Annotated[Optional[int], typer.Option(
                  help="Episodes per task (default: the run's eval.episodes).")] = None,
              tasks: Annotated[Optional[str], typer.Option(help="Comma-separated tasks.")] = None,
-             random: Annotated[bool, typer.Option(help="Measure the random baseline.")] = True,
+             random: Annotated[Optional[bool], typer.Option(
+                 "--random/--no-random",
+                 help="Measure the random baseline (default: yes; --set eval.random_baseline=... is the same).")
+             ] = None,
              baseline: Annotated[Optional[list[str]], typer.Option(
                  help="Also measure this baseline (repeatable): bc-mlp, a behaviour-cloning MLP on state + task "
                       "one-hot, trained on the run's data for the VLA's budget (--bc-budget; kept in RUN/bc_mlp/).")
@@ -314,8 +317,15 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
                  help="Train the BC MLP this many seconds instead of summary.json's VLA training time (a run "
                       "trained over several sessions: the summary times only the last); implies --bc-budget time."
              )] = None,
-             device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto"):
-    """Run a trained VLA closed-loop in Meta-World and report success per task."""
+             device: Annotated[Optional[str], typer.Option(
+                 help="auto, cpu or cuda (default: auto, not the training machine's run.device; --set "
+                      "run.device=... is the same).")] = None,
+             overrides: SetOpt = None):
+    """Run a trained VLA closed-loop in Meta-World and report success per task.
+
+    --set changes, in memory only, the keys of the run's config.toml that do not change the trained model:
+    eval.episodes, eval.max_steps, eval.seed, eval.random_baseline, run.device, run.threads (any other key is
+    refused by name; a key that an option given here also sets, e.g. --episodes with --set eval.episodes, too)."""
     if not (run_dir / "config.toml").is_file():
         _fail(f"{run_dir}: not a run folder (no config.toml)" if run_dir.exists()
               else f"{run_dir}: no such folder")
@@ -328,26 +338,33 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
     if bc_budget == "steps" and bc_seconds is not None:
         _fail("--bc-seconds sets a time budget; it cannot go with --bc-budget steps")
     bc_budget = bc_budget or ("time" if bc_seconds is not None else "steps")
+    from lf_orchestrator._options import EVAL_KEYS, load_trained_run, set_keys
+
     try:
-        recipe = load_config(run_dir / "config.toml").model.recipe
+        cfg = load_trained_run(run_dir, overrides, EVAL_KEYS, "lf eval", {
+            "eval.episodes": ("--episodes", episodes), "run.device": ("--device", device),
+            "eval.random_baseline": ("--random" if random else "--no-random", random)})
     except ConfigError as err:
         _fail(str(err))
+    keys, recipe = set_keys(overrides), cfg.model.recipe
     if recipe not in ("vla", "vla_flow"):
         _fail(f"{run_dir / 'config.toml'}: model.recipe = {recipe!r}: `lf eval` runs VLA policies in Meta-World; "
               f"{recipe} runs evaluate during training (eval/* in metrics.jsonl)"
               + ("; `lf sample` makes clips" if recipe == "wan_dit" else ""))
-    _threads(0)
+    _threads(cfg.run.threads if "run.threads" in keys else 0)
     from lf_orchestrator.evaluate import evaluate_run
     from lf_orchestrator.progress import LineReporter
     from lf_parallel import resolve_device
 
+    if random is None:
+        random = cfg.eval.random_baseline if "eval.random_baseline" in keys else True
     try:
-        dev = resolve_device(device)
+        dev = resolve_device(device or (cfg.run.device if "run.device" in keys else "auto"))
     except ValueError as err:
         _fail(f"--device: {err}")
     out_name = f"eval-{time.strftime('%Y%m%d-%H%M%S')}.json"
     try:
-        report = evaluate_run(run_dir, device=dev, episodes=episodes,
+        report = evaluate_run(run_dir, device=dev, episodes=episodes, cfg=cfg,
                               tasks=tasks.split(",") if tasks else None, random_baseline=random,
                               out_name=out_name, baselines=baseline or (), bc_seconds=bc_seconds,
                               bc_budget=bc_budget, report=LineReporter(console))

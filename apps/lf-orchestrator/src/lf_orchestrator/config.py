@@ -443,20 +443,33 @@ RESUME_KEYS = ("train.steps", "train.log_every", "train.ckpt_every", "train.keep
 
 def check_resume_overrides(overrides: list[str] | None) -> None:
     """ConfigError naming the first override that a resumed run cannot take."""
+    check_override_keys(overrides, RESUME_KEYS, "--resume", "on resume (the checkpoint fixes it)",
+                        "To continue the run under another parallel plan or world size, start it from its config "
+                        "into the same folder: `lf run RUN/config.toml --run-dir RUN --set parallel.spec=...` (the "
+                        "checkpoint is resharded)")
+
+
+def check_override_keys(overrides: list[str] | None, allowed: tuple[str, ...], context: str, why: str,
+                        hint: str = "") -> None:
+    """Refuse the first ``--set`` override whose key ``allowed`` lacks (an entry ending in ``.`` allows its whole
+    section): ``{context}: --set KEY cannot change {why}; allowed: ...``, a misspelled key first with the closest
+    valid one (``did you mean``). ``hint`` ends the refusal.
+
+    Raises:
+        ConfigError: naming the key and the allowed ones (or the closest valid key).
+    """
+    shown = ", ".join(k + "*" if k.endswith(".") else k for k in allowed)
     for item in overrides or []:
         key = item.partition("=")[0].strip()
         section, _, field = key.partition(".")
         struct = struct_at(Config, section) if section in Config.__struct_fields__ else None
-        # a typo: name the closest valid key before the resume rule
+        # a typo: name the closest valid key before the rule
         if struct is None or (field and field.split(".")[0] not in struct.__struct_fields__):
             at, name = (section, field.split(".")[0]) if struct is not None else ("", section)
-            raise ConfigError(f"--resume: --set {key}: {unknown_key(Config, at, name)}")
-        if not any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUME_KEYS):
-            raise ConfigError(f"--resume: --set {key} cannot change on resume (the checkpoint fixes "
-                              f"it); allowed: {', '.join(RESUME_KEYS)}*. To continue the run under another "
-                              "parallel plan or world size, start it from its config into the same folder: "
-                              "`lf run RUN/config.toml --run-dir RUN --set parallel.spec=...` (the checkpoint "
-                              "is resharded)")
+            raise ConfigError(f"{context}: --set {key}: {unknown_key(Config, at, name)}")
+        if not any(key == k or (k.endswith(".") and key.startswith(k)) for k in allowed):
+            raise ConfigError(f"{context}: --set {key} cannot change {why}; allowed: {shown}"
+                              + (f". {hint}" if hint else ""))
 
 
 def to_toml(cfg: Config) -> str:

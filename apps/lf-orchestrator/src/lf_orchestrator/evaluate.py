@@ -187,7 +187,7 @@ def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = 
                  tasks: Sequence[str] | None = None, random_baseline: bool | None = None,
                  out_name: str = "eval.json", baselines: Sequence[str] = (),
                  bc_seconds: float | None = None, bc_budget: str = "steps",
-                 report: Callable[[str], None] | None = None) -> dict[str, Any]:
+                 report: Callable[[str], None] | None = None, cfg: Config | None = None) -> dict[str, Any]:
     """Closed-loop success per task for a run (and the random baseline); writes ``out_name``.
 
     The random baseline runs in a second process while the VLA is evaluated here, so a
@@ -200,14 +200,15 @@ def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = 
     ``bc_mlp_success`` and the report its training record (with ``budget_rule``) under ``bc_mlp``.
     ``report`` (e.g. :class:`lf_orchestrator.progress.LineReporter`) receives progress lines: the BC MLP's
     training and, per group of episodes and per task, the VLA's rollouts with the time left
-    (:class:`lf_orchestrator.progress.EvalProgress`).
+    (:class:`lf_orchestrator.progress.EvalProgress`). ``cfg``: the run's config as read with overrides
+    (``lf eval --set``); default: ``run_dir/config.toml`` as it is.
 
     Raises:
         ValueError: an unknown task or baseline name.
         FileNotFoundError: no checkpoint, or (for ``bc-mlp``) no ``summary.json`` to time its training.
     """
     run_dir = Path(run_dir)
-    cfg = load_config(run_dir / "config.toml")
+    cfg = cfg or load_config(run_dir / "config.toml")
     e = cfg.eval
     episodes = episodes or e.episodes
     tasks = eval_tasks(cfg, tasks)

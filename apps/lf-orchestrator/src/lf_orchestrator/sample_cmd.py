@@ -15,6 +15,7 @@ import typer
 from rich.markup import escape
 
 from lf_orchestrator._console import make_console
+from lf_orchestrator._options import SAMPLE_KEYS, SetOpt, load_trained_run, set_keys
 
 console = make_console(stderr=True)
 
@@ -34,23 +35,36 @@ def sample_cmd(run_dir: Annotated[Path, typer.Argument(help="A video-family run 
                guidance: Annotated[Optional[float], typer.Option(
                    help="Classifier-free guidance scale (default: the run's video.guidance).")] = None,
                seed: Annotated[int, typer.Option(help="Noise seed.")] = 0,
-               fps: Annotated[int, typer.Option(help="Frames per second of the mp4.")] = 10):
+               fps: Annotated[int, typer.Option(help="Frames per second of the mp4.")] = 10,
+               overrides: SetOpt = None):
     """Sample a video from a trained text-to-video run and write it as an mp4.
 
     An empty prompt is refused. Words of the prompt that the run's text vocabulary (the words of its training
     instructions) lacks encode as the unknown token: a warning names them and the vocabulary's size. A prompt
     that is none of the instructions the run trained on (``trained_instructions.json``) gets a warning naming
-    them."""
-    from lf_orchestrator.config import ConfigError, load_config
+    them.
+
+    --set changes, in memory only, the sampling keys of the run's config.toml: video.frames, video.sample_steps,
+    video.guidance, video.shift, run.threads (any other key is refused by name; a key that an option given here
+    also sets, e.g. --steps with --set video.sample_steps, too)."""
+    from lf_orchestrator.config import ConfigError
 
     if not prompt.strip():
         _fail("--prompt is empty; give the text to generate a clip for (e.g. a task instruction the run trained on)")
     if not (run_dir / "config.toml").is_file():
         _fail(f"{run_dir}: not a run folder (no config.toml)" if run_dir.exists() else f"{run_dir}: no such folder")
     try:
-        cfg = load_config(run_dir / "config.toml")
+        cfg = load_trained_run(run_dir, overrides, SAMPLE_KEYS, "lf sample", {
+            "video.frames": ("--frames", frames), "video.sample_steps": ("--steps", steps),
+            "video.guidance": ("--guidance", guidance)}, hint="lf sample runs on the CPU")
     except ConfigError as err:
         _fail(str(err))
+    if "run.threads" in set_keys(overrides):
+        import os
+
+        import torch
+
+        torch.set_num_threads(cfg.run.threads or os.cpu_count() or 1)
     if cfg.model.recipe != "wan_dit":
         _fail(f"{run_dir}: model.recipe is {cfg.model.recipe!r}; `lf sample` needs a video run (wan_dit)")
     from lf_orchestrator.families._video_data import unknown_prompt_words, untrained_prompt
