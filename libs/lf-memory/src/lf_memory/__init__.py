@@ -73,4 +73,4 @@ __all__ = [
     "token_normalized_loss",
 ]
 
-__version__ = "0.4.4"
+__version__ = "0.4.5"

@@ -26,4 +26,4 @@ __all__ = [
     "ReconstructionStats",
     "ReconstructionToleranceError",
 ]
-__version__ = "0.3.2"
+__version__ = "0.4.0"
