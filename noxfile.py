@@ -71,11 +71,15 @@ def _uv_sources() -> list[str]:
     return ["--index-strategy", "unsafe-best-match", *(a for pair in pairs for a in pair if a)]
 
 
+def _pip_install(session: nox.Session, *requirements: str) -> None:
+    """``session.install`` from the sources pip is configured with, through uv or pip, whichever made the venv."""
+    session.install(*(_uv_sources() if session.venv_backend == "uv" else []), *requirements)
+
+
 def _install(session: nox.Session, lib: str) -> str:
     folder, extras, deps = LIBS[lib]
-    sources = _uv_sources() if session.venv_backend == "uv" else []
     targets = [LIBS[d][0] + (LIBS[d][1] if d == "lf-data" else "") for d in deps]
-    session.install(*sources, TORCH, *targets, folder + extras, *TEST_DEPS)
+    _pip_install(session, TORCH, *targets, folder + extras, *TEST_DEPS)
     return folder
 
 
@@ -104,7 +108,7 @@ def tests(session: nox.Session, lib: str) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff over every library, app and the benchmarks."""
-    session.install("ruff>=0.6")
+    _pip_install(session, "ruff>=0.6")
     session.run("ruff", "check", "libs", "apps", "bench", "noxfile.py")
     session.run("python", "bench/report.py", "--check")
 
@@ -113,7 +117,7 @@ def lint(session: nox.Session) -> None:
 @nox.parametrize("lib", list(LIBS))
 def build(session: nox.Session, lib: str) -> None:
     """Build one library's wheel into dist/."""
-    session.install("build")
+    _pip_install(session, "build")
     session.run("python", "-m", "build", "--wheel", "--outdir", "dist", LIBS[lib][0])
 
 
