@@ -4,6 +4,10 @@
     nox -s "tests(lib='lf-ir')"            # one library alone, in a fresh virtualenv
     nox -s "build(lib='lf-ir')"            # its wheel, into dist/
     nox -s demo                            # the default `lf run`
+    nox -s "tests(lib='lf-ir')" -- -x      # arguments after -- go to pytest
+
+Each test session prints its 25 slowest tests. The virtualenvs are made with uv when it is installed (`pip install
+uv`), else with venv and pip; either way they install from the package sources pip is configured with.
 """
 
 from __future__ import annotations
