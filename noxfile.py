@@ -46,7 +46,7 @@ TEST_DEPS = ["pytest>=8", "hypothesis>=6", "pytest-xdist>=3.5"]
 # single-threaded steps (Triton's interpreter, tiny models) and in starting Python processes (torchrun jobs, gloo
 # worlds), which two workers overlap on a 2-core machine. Each worker runs one test file at a time (--dist
 # loadfile), so a module's fixtures (a gloo world's run, a generated dataset) are built once.
-WORKERS: dict[str, int] = {"lf-kernels": 2, "lf-ir": 2, "lf-parallel": 2, "lf-orchestrator": 2}
+WORKERS: dict[str, int] = {"lf-kernels": 2, "lf-parallel": 2, "lf-orchestrator": 2}
 
 # pip's settings that choose where packages come from, and uv's flag for each. uv does not read pip's
 # configuration, and the machines point pip at a local folder holding the CPU build of torch: uv must look in the
