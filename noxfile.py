@@ -45,9 +45,9 @@ TEST_DEPS = ["pytest>=8", "hypothesis>=6", "pytest-xdist>=3.5"]
 # pytest-xdist workers per library: the two whose tests are long and spend much of their time starting Python
 # processes (torchrun jobs, gloo worlds) and in small single-threaded steps, which two workers overlap (five of
 # lf-parallel's gloo test files: 172 s -> 101 s on the 2-core machine). The shorter suites are slower on two
-# workers (lf-kernels 121 s -> 182 s, lf-ir 34 s -> 61 s:
-# each worker imports torch, transformers, diffusers and compiles its own flex-attention kernels). Each worker
-# runs one test file at a time (--dist loadfile), so a module's fixtures (a gloo world's run) are built once.
+# workers (lf-kernels 121 s -> 182 s, lf-ir 34 s -> 61 s: each worker imports torch, transformers, diffusers and
+# compiles its own flex-attention kernels). Each worker runs one test file at a time (--dist loadfile), so a
+# module's fixtures (a gloo world's run) are built once.
 WORKERS: dict[str, int] = {"lf-parallel": 2, "lf-orchestrator": 2}
 
 # pip's settings that choose where packages come from, and uv's flag for each. uv does not read pip's
