@@ -13,5 +13,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   bash scripts/ci-slurm.sh || echo "warning: local Slurm did not start; the Slurm launch test will be skipped" >&2
 fi
 python3 -m pip install -q "nox>=2024.4"
+# uv makes each session's virtualenv and installs into it from its cache (torch is unpacked once, then linked);
+# without it the sessions fall back to venv and pip, slower but the same packages (noxfile.py).
+python3 -m pip install -q "uv>=0.5" || echo "warning: uv did not install; the sessions use venv and pip" >&2
 export MUJOCO_GL="${MUJOCO_GL:-osmesa}"
 exec python3 -m nox -s lint tests "$@"

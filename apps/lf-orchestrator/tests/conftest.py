@@ -8,6 +8,12 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("MUJOCO_GL", "osmesa")
+# pytest-xdist's workers start with COLUMNS=80 and LINES=24 set, which a plain pytest run does not have: the consoles
+# built at import (make_console) would then wrap messages at 80 columns instead of the redirected width, and tests
+# that match a printed message fail only under `-n`.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
 
 TINY = """
 [run]
