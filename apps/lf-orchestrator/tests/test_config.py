@@ -77,7 +77,7 @@ def test_cli_process_reports_bad_key_in_one_line(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[modle]\nsize = 'tiny'\n")
     proc = subprocess.run([sys.executable, "-m", "lf_orchestrator", "run", str(bad)],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"error: {bad}: unknown key 'modle'; did you mean 'model'?"]
 

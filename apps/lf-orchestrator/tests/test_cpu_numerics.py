@@ -45,7 +45,7 @@ def _numerics_through_lf(extra_env: dict[str, str]) -> dict:
             "    print(json.dumps(cpu_numerics()))\n"
             "r = CliRunner().invoke(app, ['probe-isa']); print(r.output); sys.exit(r.exit_code)\n")
     env = {k: v for k, v in os.environ.items() if k not in (*PINNED, "LF_CPU_ISA")} | extra_env
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 

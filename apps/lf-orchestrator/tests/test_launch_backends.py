@@ -215,7 +215,7 @@ def _slurm_up() -> bool:
 def test_slurm_runs_a_two_process_job_to_completion(tiny_config):
     res = subprocess.run([sys.executable, "-m", "lf_orchestrator", "launch", str(tiny_config), "--backend", "slurm",
                           "--nproc-per-node", "2", "--device", "cpu", "--set", "eval.at_end=false",
-                          "--set", "run.threads=1"], capture_output=True, text=True, timeout=60)
+                          "--set", "run.threads=1"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     job = res.stdout.strip().splitlines()[-1]
     deadline = time.time() + 300

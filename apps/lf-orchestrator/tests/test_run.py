@@ -172,7 +172,7 @@ def test_sigkill_mid_training_then_resume_from_cli(tiny_config, tmp_path):
             "--set", "train.steps=200", "--set", "train.ckpt_every=20", "--set", "eval.at_end=false"]
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out_root = Path(load_config(tiny_config).run.out_dir)
-    deadline = time.time() + 120
+    deadline = time.time() + 600
     latest = None
     while time.time() < deadline and proc.poll() is None:
         found = list(out_root.glob("*/checkpoints/latest")) if out_root.exists() else []

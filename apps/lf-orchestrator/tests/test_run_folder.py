@@ -45,7 +45,7 @@ def holder(tmp_path):
         yield run, proc.pid
     finally:
         proc.stdin.close()
-        proc.wait(timeout=30)
+        proc.wait(timeout=120)
 
 
 def _fake_run(run: Path) -> None:
@@ -87,7 +87,7 @@ def test_lock_of_a_killed_run_does_not_block(tmp_path):
                             text=True)
     assert proc.stdout.readline().strip() == "locked"
     proc.kill()
-    proc.wait(timeout=30)
+    proc.wait(timeout=120)
     assert (run / LOCK_NAME).read_text().split()[0] == str(proc.pid)  # stale file left behind
     with RunFolder(init_distributed("cpu")) as folder:
         folder.claim(run, created=False)

@@ -78,7 +78,7 @@ def test_estimate_lists_full_size_plans_without_measuring(tmp_path):
     out = tmp_path / "none.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--gpus", "2", "--model", "wan_dit", "--exhaustive",
                            "--sweep", "tiny", "--estimate", "--out", str(out)], cwd=REPO, env=_env(),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "32760 tokens (81x480x832)" in proc.stdout and "estimated GPU time" in proc.stdout
     assert "cp=2" in proc.stdout and not out.exists()
