@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lf_data import DataError, check_action_stats, write_lerobot_v3
+from lf_data import DataError, write_lerobot_v3
 from lf_data._inspect import inspect_dataset
 
 FEATURES = {"observation.state": {"dtype": "float32", "shape": [6]}, "action": {"dtype": "float32", "shape": [3]}}
@@ -85,6 +85,8 @@ def test_inspect_says_q01_above_q99_and_not_finite(tmp_path):
 def test_check_action_stats_names_file_feature_key_dimension():
     """Oracle: hand-written stats entries. Unusable bounds raise DataError naming the file, 'action', the key and
     the dimension; zero-width bounds are refused unless the actions are constant there; good stats pass."""
+    from lf_data import check_action_stats
+
     x = np.array([[0.0, 1.0], [1.0, 1.0], [2.0, 1.0]])
     good = {"q01": [0.0, 1.0], "q99": [2.0, 1.0]}
     check_action_stats(good, "action", "d/meta/stats.json", "q01_q99", x)  # dimension 1 is constant: fine

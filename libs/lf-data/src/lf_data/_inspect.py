@@ -123,9 +123,9 @@ def inspect_dataset(path: str | Path, *, tolerance_s: float = DEFAULT_TOLERANCE_
         {reason: count}, "problems": [message, ...], "notes": [message, ...]}``. ``problems`` are damage
         (unreadable episodes, one line per broken file naming the episodes it affects; timestamps off the frame
         grid; stored statistics that disagree with the frames, q01/q99 included, or are unusable (not finite,
-        q01 > q99, min > max; compared only when no episode was skipped, else a note says so); a LeRobot v3.0 dataset without
-        ``meta/stats.json``, which ``lf run`` refuses); ``notes`` are findings that do not make the dataset wrong
-        but matter to its use (e.g. a v2.1 dataset without stored statistics, failed generator episodes).
+        q01 > q99, min > max; compared only when no episode was skipped, else a note says so); a LeRobot v3.0
+        dataset without ``meta/stats.json``, which ``lf run`` refuses); ``notes`` are findings that do not make the
+        dataset wrong but matter to its use (e.g. a v2.1 dataset without stored statistics, failed generator episodes).
 
     Raises:
         DataError: unknown layout or unreadable metadata.

@@ -59,7 +59,8 @@ def bounds_problems(stored: dict, key: str, where: str) -> list[str]:
         bad = np.flatnonzero(a > b)
         if bad.size:
             out.append(f"{where}: stats[{key!r}] has {lo} > {hi} in {bad.size} of {a.size} dimensions: "
-                       + _dims(bad, lambda d: f"dimension {d}: {lo} = {a[d]:.6g} > {hi} = {b[d]:.6g}"))
+                       + _dims(bad, lambda d, lo=lo, hi=hi, a=a, b=b: f"dimension {d}: {lo} = {a[d]:.6g} > {hi} = "
+                                                                          f"{b[d]:.6g}"))
     if "std" in vec and (vec["std"] < 0).any():
         bad = np.flatnonzero(vec["std"] < 0)
         out.append(f"{where}: stats[{key!r}]['std'] is negative in {bad.size} of {vec['std'].size} dimensions: "
