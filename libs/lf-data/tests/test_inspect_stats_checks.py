@@ -50,6 +50,8 @@ def test_skipped_episode_does_not_fake_stats_problems(tmp_path):
     assert rep["skipped"] == {"timestamp": 1}
     assert len(rep["problems"]) == 1 and "timestamp" in rep["problems"][0], rep["problems"]
     assert "stats not compared: 1 episode(s) skipped" in " ".join(rep["notes"])
+    _edit_stats(root, lambda s: s["action"]["q01"].__setitem__(2, float("nan")))  # wrong whatever was read
+    assert "stats['action']['q01'] is not finite" in inspect_dataset(root)["problems"][1]
 
 
 def test_mismatch_names_the_differing_dimension(tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ._errors import DataError, ErrorPolicy
-from ._inspect_checks import check_stored_stats, report_errors
+from ._inspect_checks import bounds_problems, check_stored_stats, report_errors
 from ._lerobot_meta import detect_format, read_stats
 from ._lerobot_time import DEFAULT_TOLERANCE_S
 from ._stats import compute_stats
@@ -92,6 +92,8 @@ def _inspect_lerobot(root: Path, fmt_name: str, tolerance_s: float) -> dict:
         # the stored statistics cover every frame; the frames read miss the skipped episodes
         notes.append(f"stats not compared: {n_skipped} episode(s) skipped; {root / 'meta/stats.json'} covers the "
                      "whole dataset, the frames read do not")
+        problems += [p for k, st in ds.meta.stats.items() if isinstance(st, dict)
+                     for p in bounds_problems(st, k, str(root / "meta/stats.json"))]  # wrong whatever was read
     else:
         problems += check_stored_stats(ds.meta.stats, by_key, stats, str(root / "meta/stats.json"))
     return {"format": fmt_name, "episodes": len(ds.meta.episodes), "frames": int(ds.meta.info.get("total_frames", 0)),
