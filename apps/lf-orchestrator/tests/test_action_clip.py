@@ -94,3 +94,52 @@ def test_max_clipped_fraction_range_is_checked(offset_dataset):
         _cfg(root, "action_tokenizer.max_clipped_fraction=1.5")
     with pytest.raises(ConfigError, match="action_tokenizer.on_clipped"):
         _cfg(root, "action_tokenizer.on_clipped='ignore'")
+
+
+def test_exact_quantiles_clip_message_does_not_blame_the_stats(offset_dataset):
+    """Oracle: the writer's exact q01/q99 (numpy's quantiles of all 220 actions), which lf data inspect's check
+    passes: with max_clipped_fraction=0.001 the stop says the bounds clip that share by definition and offers the
+    remedies, and no longer claims the stored statistics disagree with the data (they do not)."""
+    root, _ = offset_dataset
+    dataset = LeRobotDataset(root, action_horizon=4)
+    with pytest.raises(ConfigError) as err:
+        assembly.build_encoder(_cfg(root, "action_tokenizer.max_clipped_fraction=0.001"), dataset)
+    msg = str(err.value)
+    assert "disagree" not in msg and "whose statistics agree with the data" in msg
+    assert "clip that share by definition (q01/q99 leave about 1% out on each side)" in msg
+    assert 'on_clipped = "warn"' in msg and 'bounds = "min_max"' in msg and "max_clipped_fraction" in msg
+
+
+def _set_action_stats(root, **values) -> str:
+    path = root / "meta/stats.json"
+    stats = json.loads(path.read_text())
+    stats["action"].update(values)
+    path.write_text(json.dumps(stats))
+    return str(path)
+
+
+@pytest.mark.parametrize(("values", "want"), [
+    ({"q01": [0.66, -1.0, -1.0], "q99": [-1.0, 1.0, 9.0]},
+     "stats['action'] has q01 > q99 in 1 of 3 dimensions: dimension 0: q01 = 0.66 > q99 = -1"),
+    ({"q01": [float("nan"), -1.0, -1.0]}, "stats['action']['q01'] is not finite in 1 of 3 dimensions: "
+                                          "dimension 0: nan"),
+    ({"q01": [0.5, 0.5, 0.5], "q99": [0.5, 0.5, 0.5]},
+     "stats['action'] has zero-width bounds (q01 == q99, bounds = 'q01_q99') in 3 of 3 dimensions although the "
+     "actions vary there: dimension 0: q01 = 0.5, q99 = 0.5"),
+])
+def test_unusable_stored_bounds_are_refused_naming_the_file(offset_dataset, tmp_path, values, want):
+    """Oracle: the tampered meta/stats.json cells. lf run (data.source=lerobot) and lf tokenize fit both refuse
+    them naming the stats file, the feature 'action', the key and the dimension (they said "low must be <= high
+    elementwise" / "stats['q01'] must be finite" without a file, and zero-width bounds passed silently)."""
+    from typer.testing import CliRunner
+
+    from lf_orchestrator.cli import app
+
+    root, _ = offset_dataset
+    path = _set_action_stats(root, **values)
+    with pytest.raises(ConfigError) as err:
+        assembly.build_encoder(_cfg(root), LeRobotDataset(root, action_horizon=4))
+    assert str(err.value).startswith(f"action_tokenizer.bounds: {path}: ") and want in str(err.value)
+    res = CliRunner().invoke(app, ["tokenize", "fit", str(root), "--out", str(tmp_path / "t.json")])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"{path}: " in text and " ".join(want.split()) in text, text

@@ -82,7 +82,7 @@ def test_inspect_reports_missing_stats_as_lf_run_does(v21, tmp_path):
     assert json.loads(res.stdout)["problems"] == [str(err.value)]
     res = runner.invoke(app, ["data", "inspect", str(tmp_path / "v3")])
     text = " ".join(res.stdout.split())
-    assert res.exit_code == 1 and "1 problem (skipped: {}):" in text and "1 problems" not in text
+    assert res.exit_code == 1 and "1 problem:" in text and "skipped" not in text and "1 problems" not in text
     assert "LeRobot dataset file missing:" in text and "stats.json" in text
 
 
@@ -131,3 +131,23 @@ def test_inspect_lists_episodes_off_the_frame_grid(tmp_path):
     assert all("episode 1" not in p for p in rep["problems"][1:])  # the rest: stats of the episodes read
     res = runner.invoke(app, ["data", "inspect", str(root), "--tolerance-s", "0.05", "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["problems"] == []
+
+
+def test_inspect_table_omits_empty_skipped(tmp_path):
+    """Oracle: a LeRobot v3.0 dataset written by write_lerobot_v3 with q01 > q99 tampered into meta/stats.json and
+    no episode skipped: the problem line says "q01 > q99" and the header no longer prints "(skipped: {})"."""
+    from lf_data import write_lerobot_v3
+
+    rng = np.random.default_rng(1)
+    eps = [{"task": "t", "frames": {k: rng.normal(size=(n, 2)).astype(np.float32) for k in ("observation.state",
+                                                                                          "action")}}
+           for n in (20, 30)]
+    root = write_lerobot_v3(tmp_path / "v3", eps, fps=10, features={
+        k: {"dtype": "float32", "shape": [2]} for k in ("observation.state", "action")})
+    path = root / "meta/stats.json"
+    stats = json.loads(path.read_text())
+    stats["action"]["q01"][1] = stats["action"]["q99"][1] + 1.0
+    path.write_text(json.dumps(stats))
+    res = runner.invoke(app, ["data", "inspect", str(root)])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 1 and "skipped" not in text and "q01 > q99 in 1 of 2 dimensions: dimension 1" in text

@@ -42,17 +42,38 @@ def clipped_fractions(actions: np.ndarray, low: np.ndarray, high: np.ndarray,
     return out.mean(axis=0) if len(a) else np.zeros(a.shape[1])
 
 
-def check_clipped_actions(tok: ActionTokenizerSection, tokenizer, actions: np.ndarray, dataset: Path) -> np.ndarray:
+def _stats_verdict(tok: ActionTokenizerSection, stats: dict | None, actions: np.ndarray, where: str) -> str | None:
+    """The stored statistics' problems with ``actions`` or None when they agree (q01/q99:
+    ``lf_data.quantile_problems``, the check of ``lf data inspect``; min/max: no value outside them)."""
+    from lf_data import quantile_problems
+
+    if stats is None:
+        return None
+    if tok.bounds == "q01_q99":
+        found = quantile_problems(stats, actions, "action", where)
+        return "; ".join(found) if found else None
+    a = np.asarray(actions, np.float64).reshape(len(actions), -1)
+    lo, hi = np.asarray(stats["min"], np.float64), np.asarray(stats["max"], np.float64)
+    out = np.flatnonzero((a < lo).any(0) | (a > hi).any(0))
+    return (f"{where}: stats['action']['min'/'max'] do not contain the training actions in dimensions "
+            f"{out[:8].tolist()}") if out.size else None
+
+
+def check_clipped_actions(tok: ActionTokenizerSection, tokenizer, actions: np.ndarray, dataset: Path,
+                          stats: dict | None = None) -> np.ndarray:
     """Clipped fractions of ``actions`` under ``tokenizer``; ConfigError (or a warning) past the allowed share.
 
     A dimension fails when it clips more than ``max_clipped_fraction * N + 2`` values: the two are one value
-    at each bound, which the interpolated quantiles of few frames clip by construction.
+    at each bound, which the interpolated quantiles of few frames clip by construction. The message says the
+    stored statistics disagree with the data only when they do (``stats`` checked against ``actions`` as
+    ``lf data inspect`` checks them); otherwise that the bounds themselves clip that share.
 
     Args:
         tok: the ``action_tokenizer`` section (``max_clipped_fraction``, ``on_clipped``, ``bounds``).
         tokenizer: the fitted binning or FAST tokenizer (``low``, ``high``, ``normalize_mask``).
         actions: ``(N, D)`` the training frames' actions.
         dataset: the dataset folder, named in the message.
+        stats: the ``action`` entry of the dataset's ``meta/stats.json`` the bounds came from (None: not judged).
 
     Returns:
         float64 ``(D,)`` the clipped fraction of each dimension.
@@ -71,11 +92,21 @@ def check_clipped_actions(tok: ActionTokenizerSection, tokenizer, actions: np.nd
         return frac
     dims = ", ".join(f"dimension {d}: {frac[d]:.1%} (bounds [{tokenizer.low[d]:.4g}, {tokenizer.high[d]:.4g}])"
                      for d in bad[:8].tolist()) + (", ..." if bad.size > 8 else "")
-    msg = (f"action_tokenizer.max_clipped_fraction: the action tokenizer clips more than "
-           f"{tok.max_clipped_fraction:.1%} of the {n} training actions in {bad.size} of {len(frac)} dimensions "
-           f"({dims}); its bounds come from {dataset / 'meta/stats.json'} (bounds = {tok.bounds!r}), whose "
-           f"statistics disagree with the data (see `lf data inspect {dataset}`): recompute them, use bounds = "
-           f"\"min_max\", raise action_tokenizer.max_clipped_fraction, or set action_tokenizer.on_clipped = \"warn\"")
+    where = dataset / "meta/stats.json"
+    head = (f"action_tokenizer.max_clipped_fraction: the action tokenizer clips more than "
+            f"{tok.max_clipped_fraction:.1%} of the {n} training actions in {bad.size} of {len(frac)} dimensions "
+            f"({dims}); its bounds come from {where} (bounds = {tok.bounds!r}), ")
+    verdict = _stats_verdict(tok, stats, actions, str(where))
+    if verdict is not None:
+        msg = (head + f"whose statistics disagree with the data (see `lf data inspect {dataset}`): recompute them, "
+               f"use bounds = \"min_max\", raise action_tokenizer.max_clipped_fraction, or set "
+               f"action_tokenizer.on_clipped = \"warn\"")
+    else:
+        agree = "" if stats is None else "whose statistics agree with the data; "
+        why = " (q01/q99 leave about 1% out on each side)" if tok.bounds == "q01_q99" else ""
+        msg = (head + f"{agree}these bounds clip that share by definition{why}: raise "
+               f"action_tokenizer.max_clipped_fraction, set action_tokenizer.on_clipped = \"warn\", or use wider "
+               f"bounds (bounds = \"min_max\")")
     if tok.on_clipped == "warn":
         warnings.warn(msg, ClippedActionsWarning, stacklevel=2)
         return frac

@@ -23,7 +23,7 @@ import msgspec
 import torch
 from tokenizers import Tokenizer
 
-from lf_data import LeRobotDataset, VLABatchEncoder, build_instruction_tokenizer
+from lf_data import DataError, LeRobotDataset, VLABatchEncoder, build_instruction_tokenizer, check_action_stats
 from lf_ir import VLAConfig, VLAModel, materialize, to_json, use_fused_ops, vla_config
 from lf_ir.recipes.vla_flow import VLAFlowConfig, VLAFlowModel, vla_flow_config
 from lf_orchestrator._action_clip import check_clipped_actions
@@ -43,31 +43,43 @@ def _stats(dataset: LeRobotDataset, key: str) -> dict[str, list[float]]:
     return dataset.stats[key]
 
 
+def _tokenizer_stats(dataset: LeRobotDataset, bounds: str) -> dict[str, list[float]]:
+    """The ``action`` statistics the action tokenizer's ``bounds`` come from, checked (``check_action_stats``:
+    finite, lower <= upper, no zero-width bounds where the actions vary); ConfigError naming the file otherwise."""
+    stats = _stats(dataset, ACTION_KEY)
+    try:
+        check_action_stats(stats, ACTION_KEY, str(Path(dataset.root) / "meta/stats.json"), bounds,
+                           dataset.frame_actions)
+    except DataError as err:
+        raise ConfigError(f"action_tokenizer.bounds: {err}") from None
+    return stats
+
+
 def build_encoder(cfg: Config, dataset: LeRobotDataset) -> VLABatchEncoder | FlowBatchEncoder:
     """Fit the tokenizers and the normalization on ``dataset`` (fresh runs).
 
     Raises:
-        ConfigError: missing statistics, or an action tokenizer that clips more of the training actions than
-            ``action_tokenizer.max_clipped_fraction`` allows with ``on_clipped = "error"``
-            (:mod:`lf_orchestrator._action_clip`).
+        ConfigError: missing or unusable statistics (not finite, q01 > q99, zero-width bounds), or an action
+            tokenizer that clips more of the training actions than ``action_tokenizer.max_clipped_fraction`` allows
+            with ``on_clipped = "error"`` (:mod:`lf_orchestrator._action_clip`).
     """
     if cfg.model.recipe == "vla_flow":
         state, action = _stats(dataset, STATE_KEY), _stats(dataset, ACTION_KEY)
         return FlowBatchEncoder(build_instruction_tokenizer(dataset.tasks), state["mean"], state["std"],
                                 action["mean"], action["std"], max_instruction_len=cfg.data.max_instruction_len)
     tok = cfg.action_tokenizer
+    action_stats = _tokenizer_stats(dataset, tok.bounds)
     if tok.kind == "fast":
         state = _stats(dataset, STATE_KEY)
         encoder = fit_fast_encoder(cfg, dataset, build_instruction_tokenizer(dataset.tasks),
-                                   _stats(dataset, ACTION_KEY), state["mean"], state["std"])
+                                   action_stats, state["mean"], state["std"])
     else:
-        action_tokenizer = BinningTokenizer.fit(_stats(dataset, ACTION_KEY), n_bins=tok.n_bins,
-                                                bounds=tok.bounds)
+        action_tokenizer = BinningTokenizer.fit(action_stats, n_bins=tok.n_bins, bounds=tok.bounds)
         state = _stats(dataset, STATE_KEY)
         encoder = VLABatchEncoder(build_instruction_tokenizer(dataset.tasks), action_tokenizer,
                                   state["mean"], state["std"],
                                   max_instruction_len=cfg.data.max_instruction_len)
-    check_clipped_actions(tok, encoder.action_tokenizer, dataset.frame_actions, Path(dataset.root))
+    check_clipped_actions(tok, encoder.action_tokenizer, dataset.frame_actions, Path(dataset.root), action_stats)
     return encoder
 
 

@@ -95,7 +95,8 @@ def data_inspect(path: Annotated[Path, typer.Argument(help="Dataset folder (LeRo
         out.print(table)
         notes = report.get("notes", [])
         if report["problems"]:
-            out.print(f"[bold red]{_count(len(report['problems']), 'problem')}[/] (skipped: {report['skipped']}):")
+            skipped = f" (skipped: {report['skipped']})" if report["skipped"] else ""
+            out.print(f"[bold red]{_count(len(report['problems']), 'problem')}[/]{skipped}:")
             for p in report["problems"]:
                 out.print(f"  - {p}", highlight=False, soft_wrap=True)
         else:

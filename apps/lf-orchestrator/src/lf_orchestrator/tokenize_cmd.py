@@ -110,9 +110,14 @@ def fit(
     """Fit a binning or FAST tokenizer on a dataset's actions and write it as JSON.
 
     FAST also prints its reconstruction error on the fitting chunks per action dimension."""
+    from lf_data import DataError, check_action_stats
     from lf_tokenize_action import BinningTokenizer, FastTokenizer
 
     episodes, stats = read_actions(dataset)
+    try:
+        check_action_stats(stats, "action", str(dataset / "meta" / "stats.json"), bounds, np.concatenate(episodes))
+    except DataError as err:
+        _fail(str(err))
     try:
         if kind == "binning":
             tok = BinningTokenizer.fit(stats, n_bins=n_bins, bounds=bounds, binning=binning,

@@ -61,6 +61,8 @@ _WHERE = {
     "imbalance": "_balance",
     "inspect_dataset": "_inspect",
     "convert_dataset": "_inspect",
+    "check_action_stats": "_inspect_checks",
+    "quantile_problems": "_inspect_checks",
 }
 
 __all__ = [
@@ -84,6 +86,7 @@ __all__ = [
     "VLABatchEncoder",
     "balance_by_cost",
     "build_instruction_tokenizer",
+    "check_action_stats",
     "compute_stats",
     "convert_dataset",
     "cost_coefficients",
@@ -106,6 +109,7 @@ __all__ = [
     "packing_efficiency",
     "parse_conversation",
     "parse_example",
+    "quantile_problems",
     "qwen2_vl_image_tokens",
     "read_video_frames",
     "row_costs",
@@ -121,6 +125,7 @@ if TYPE_CHECKING:
     from ._errors import DataError
     from ._image_text import ImageTextStream, decode_image
     from ._inspect import convert_dataset, inspect_dataset
+    from ._inspect_checks import check_action_stats, quantile_problems
     from ._lerobot_meta import EpisodeMeta, LeRobotMeta, detect_format, load_lerobot_meta
     from ._lerobot_stream import LeRobotStream, delta_indices
     from ._lerobot_video_writer import write_lerobot_video

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ._errors import DataError, ErrorPolicy
-from ._inspect_checks import check_stored_stats, report_errors
+from ._inspect_checks import bounds_problems, check_stored_stats, report_errors
 from ._lerobot_meta import detect_format, read_stats
 from ._lerobot_time import DEFAULT_TOLERANCE_S
 from ._stats import compute_stats
@@ -64,7 +64,7 @@ def _inspect_lerobot(root: Path, fmt_name: str, tolerance_s: float) -> dict:
     keys = _numeric_keys(ds.meta.features)
     values: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     policy = ErrorPolicy("skip")
-    frames = 0
+    frames = episodes_read = 0
     for m in ds.episodes:
         try:
             arrays = ds.episode_arrays(m, keys)
@@ -72,6 +72,7 @@ def _inspect_lerobot(root: Path, fmt_name: str, tolerance_s: float) -> dict:
             policy.handle(err)
             continue
         frames += m.length
+        episodes_read += 1
         for k in keys:
             values[k].append(arrays[k])
     by_key = {k: np.concatenate(v) for k, v in values.items() if v}
@@ -82,15 +83,23 @@ def _inspect_lerobot(root: Path, fmt_name: str, tolerance_s: float) -> dict:
             read_stats(root)  # the check `lf run` makes (LeRobotDataset), in its words
         except (FileNotFoundError, DataError) as err:
             problems.append(str(err))
-    problems += check_stored_stats(ds.meta.stats, by_key, stats, str(root / "meta/stats.json"))
     skipped = dict(ds.skipped)
     for r, n in policy.skipped.items():
         skipped[r] = skipped.get(r, 0) + n
+    notes = _stats_notes(root, fmt_name) + _generator_notes(ds.meta.info, root)
+    n_skipped = len(ds.meta.episodes) - episodes_read
+    if n_skipped and ds.meta.stats:
+        # the stored statistics cover every frame; the frames read miss the skipped episodes
+        notes.append(f"stats not compared: {n_skipped} episode(s) skipped; {root / 'meta/stats.json'} covers the "
+                     "whole dataset, the frames read do not")
+        problems += [p for k, st in ds.meta.stats.items() if isinstance(st, dict)
+                     for p in bounds_problems(st, k, str(root / "meta/stats.json"))]  # wrong whatever was read
+    else:
+        problems += check_stored_stats(ds.meta.stats, by_key, stats, str(root / "meta/stats.json"))
     return {"format": fmt_name, "episodes": len(ds.meta.episodes), "frames": int(ds.meta.info.get("total_frames", 0)),
             "frames_read": frames, "fps": ds.meta.fps, "tasks": len(ds.meta.tasks),
             "features": {k: {"dtype": ft["dtype"], "shape": list(ft["shape"])} for k, ft in ds.meta.features.items()},
-            "stats": stats, "skipped": skipped, "problems": problems,
-            "notes": _stats_notes(root, fmt_name) + _generator_notes(ds.meta.info, root)}
+            "stats": stats, "skipped": skipped, "problems": problems, "notes": notes}
 
 
 def _open_robot(root: Path, fmt_name: str, on_error: str):
@@ -115,9 +124,10 @@ def inspect_dataset(path: str | Path, *, tolerance_s: float = DEFAULT_TOLERANCE_
         {name: {dtype, shape}}, "stats": {name: compute_stats(...)}, "skipped":
         {reason: count}, "problems": [message, ...], "notes": [message, ...]}``. ``problems`` are damage
         (unreadable episodes, one line per broken file naming the episodes it affects; timestamps off the frame
-        grid; stored statistics that disagree with the frames, q01/q99 included; a LeRobot v3.0 dataset without
-        ``meta/stats.json``, which ``lf run`` refuses); ``notes`` are findings that do not make the dataset wrong
-        but matter to its use (e.g. a v2.1 dataset without stored statistics, failed generator episodes).
+        grid; stored statistics that disagree with the frames, q01/q99 included, or are unusable (not finite,
+        q01 > q99, min > max; compared only when no episode was skipped, else a note says so); a LeRobot v3.0
+        dataset without ``meta/stats.json``, which ``lf run`` refuses); ``notes`` are findings that do not make the
+        dataset wrong but matter to its use (e.g. a v2.1 dataset without stored statistics, failed generator episodes).
 
     Raises:
         DataError: unknown layout or unreadable metadata.
