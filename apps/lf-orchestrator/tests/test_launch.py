@@ -86,7 +86,7 @@ Traceback (most recent call last):
   File "<frozen runpy>", line 198, in _run_module_as_main
   File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
     raise ChildFailedError(
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
 lf_orchestrator FAILED
 ------------------------------------------------------------
@@ -98,7 +98,7 @@ Root Cause (first observed failure):
   time      : 2026-12-04_18:41:56
   host      : localhost
   rank      : 1 (local_rank: 1)
-  exitcode  : 2 (pid: 18690) 
+  exitcode  : 2 (pid: 18690)
   error_file: <N/A>
   traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
 ============================================================
