@@ -62,6 +62,69 @@ def test_launch_rejects_bad_config_and_options(tiny_config):
     assert res.exit_code == 2 and "--procs-per-node" in res.output and "got 0" in res.output
 
 
+LLAMA = Path(__file__).resolve().parents[3] / "examples" / "llama3_pretrain.toml"
+
+
+def test_launch_refuses_a_manual_plan_that_does_not_fit_the_world(tmp_path):
+    """Oracle: lf-parallel's check_plan for the job's world size (nodes x procs per node), which `lf run` applies
+    in every worker: tp=3 on 2 processes is refused once, exit 2, before torchrun starts or any folder is made."""
+    sets = ["--set", f"run.out_dir='{tmp_path / 'runs'}'", "--set", "parallel.plan='manual'"]
+    res = CliRunner().invoke(app, ["launch", str(LLAMA), "--nproc-per-node", "2", "--device", "cpu", *sets,
+                                   "--set", "parallel.spec='tp=3'"])
+    assert res.exit_code == 2, res.output
+    assert res.output.count("error:") == 1 and "dp*tp*pp*cp = 1*3*1*1 = 3" in res.output, res.output
+    assert "1 node(s) x 2 processes = 2" in res.output and str(LLAMA) in res.output, res.output
+    assert not (tmp_path / "runs").exists()
+    res = CliRunner().invoke(app, ["launch", str(LLAMA), "--nproc-per-node", "2", "--dry-run", *sets,
+                                   "--set", "parallel.spec='tp=2'"])
+    assert res.exit_code == 0, res.output  # a plan that fits starts (here: is printed)
+
+
+TORCHRUN_STDERR = """rank error here
+E1204 18:41:56.903000 18645 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 2) local_rank: 1
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+lf_orchestrator FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-04_18:41:56
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 2 (pid: 18690)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_torchrun_failure_report_is_summarised():
+    """Oracle: torchrun 2.x's stderr when rank 1 exits with code 2 (captured from a real run, frames shortened):
+    the rank's own output and a worker's traceback pass unchanged; torchrun's ChildFailedError traceback and
+    report become one line naming the rank, its exit code and where its error is; the exit code is the rank's."""
+    import io
+
+    from lf_orchestrator.launch._torchrun import FailureFilter
+
+    worker_tb = 'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\nValueError: boom\n'
+    out = io.StringIO()
+    filt = FailureFilter(out)
+    filt.feed_all(io.StringIO(worker_tb + TORCHRUN_STDERR))
+    text = out.getvalue()
+    assert text.startswith(worker_tb + "rank error here\n"), text
+    assert "ChildFailedError" not in text and "File \"<frozen runpy>\"" not in text and "=====" not in text, text
+    assert text.rstrip().endswith("worker failed: rank 1 (local_rank: 1) (host localhost) exited with code 2; "
+                                  "its error is printed above"), text
+    assert filt.exit_code == 2
+
+
 def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

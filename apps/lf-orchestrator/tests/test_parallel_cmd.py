@@ -74,10 +74,13 @@ def test_plans_the_harness_does_not_run_are_refused_by_name():
     assert "gradients clipped to --grad-clip" in helped and "pp > 1, grad_accum > 1" in helped, helped
 
 
-def test_check_output_is_not_buried_in_per_rank_warnings(monkeypatch):
-    """A context-parallel ZeRO-3 plan (cp=2 on 2 processes: dp_mesh slices the flattened dp_shard_cp dim) run as a
-    user runs it, stdout and stderr redirected: the table and OK are there, and no warning line is printed by
-    every rank (torch's "Slicing a flattened dim from root mesh" UserWarning was, once per rank).
+@pytest.mark.parametrize("plan,nproc", [("cp=2,zero=3", 2), ("tp=2,dp=2,zero=3", 4)])
+def test_check_output_is_not_buried_in_per_rank_warnings(monkeypatch, plan, nproc):
+    """A context-parallel ZeRO-3 plan (cp=2 on 2 processes: dp_mesh slices the flattened dp_shard_cp dim) and a
+    ZeRO-3 + TP plan (tp=2,dp=2 on 4: gathering a ``_StridedShard`` parameter) run as a user runs them, stdout and
+    stderr redirected: the table and OK are there, and no warning line is printed by every rank (torch's "Slicing a
+    flattened dim from root mesh" UserWarning was, and the ``torch.distributed.tensor._redistribute`` log warning
+    "While redistributing from (_StridedShard...) ... sequential all_gather operations"; once per rank).
     Oracle: the single-process run (OK) and the captured output of the worker processes."""
     import subprocess
     import sys
@@ -86,11 +89,13 @@ def test_check_output_is_not_buried_in_per_rank_warnings(monkeypatch):
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
     proc = subprocess.run([sys.executable, "-m", "lf_orchestrator", "parallel", "check", "--recipe", "llama3",
-                           "--plan", "cp=2,zero=3", "--nproc", "2", "--steps", "1", "--global-batch", "2"],
+                           "--plan", plan, "--nproc", str(nproc), "--steps", "1", "--global-batch", "2"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "llama3 tiny: 2 processes vs. 1, 1 AdamW steps" in proc.stdout and proc.stdout.rstrip().endswith("OK")
+    assert f"llama3 tiny: {nproc} processes vs. 1, 1 AdamW steps" in proc.stdout
+    assert proc.stdout.rstrip().endswith("OK")
     text = proc.stdout + proc.stderr
-    assert "Slicing a flattened dim" not in text, text
-    repeated = [line for line, n in Counter(text.splitlines()).items() if n > 1 and "Warning" in line]
+    assert "Slicing a flattened dim" not in text and "While redistributing" not in text, text
+    repeated = [line for line, n in Counter(re.sub(r"^\[rank\d+\]:", "", ln) for ln in text.splitlines()).items()
+                if n > 1 and ("Warning" in line or re.match(r"[WE]\d{4} ", line))]
     assert repeated == [], repeated

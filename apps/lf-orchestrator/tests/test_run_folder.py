@@ -129,8 +129,9 @@ def test_discard_keeps_folders_with_results(tmp_path):
 
 
 def test_failed_plan_leaves_no_run_folder(tmp_path):
-    """Oracle: the plan checker's message (tp=2 on one process) and an empty out_dir afterwards (before this fix
-    the run folder with only config.toml stayed)."""
+    """Oracle: the plan checker's message (tp=2 on one process), the output (no "run folder:" line) and the
+    listing of tmp_path afterwards: no run folder (before, one with only config.toml stayed) and no runs/ parent
+    (made by this run, left empty)."""
     cfg_path = tmp_path / "bad.toml"
     cfg_path.write_text((EXAMPLES / "llama3_pretrain.toml").read_text())
     result = CliRunner().invoke(app, ["run", str(cfg_path), "--set", "parallel.plan='manual'",
@@ -140,7 +141,8 @@ def test_failed_plan_leaves_no_run_folder(tmp_path):
                                       "run.device='cpu'"])
     assert result.exit_code == 2
     assert "must equal the number of processes (1)" in result.output
-    assert list((tmp_path / "runs").iterdir()) == []
+    # refused before it started: no "run folder:" line for a folder that is gone, and no empty runs/ made for it
+    assert "run folder" not in result.output and not (tmp_path / "runs").exists(), result.output
 
 
 def test_vla_run_failing_before_its_first_step_leaves_no_folder(tiny_config, tmp_path):
@@ -154,4 +156,14 @@ def test_vla_run_failing_before_its_first_step_leaves_no_folder(tiny_config, tmp
         result = CliRunner().invoke(app, ["run", str(tiny_config), *[a for s in sets for a in ("--set", s)]])
         assert result.exit_code == 2, result.output
         assert message in " ".join(result.output.split()), result.output
-        assert not runs.exists() or list(runs.iterdir()) == [], sorted(runs.rglob("*"))
+        assert not runs.exists(), sorted(runs.rglob("*"))
+        assert "run folder" not in result.output, result.output
+
+
+def test_run_that_starts_names_its_folder(tiny_config, tmp_path):
+    """Oracle: the listing of run.out_dir: a run that starts prints `run folder: RUN` once, for the folder that
+    exists afterwards (the line now comes once the trainer is set up)."""
+    result = CliRunner().invoke(app, ["run", str(tiny_config), "--set", "train.steps=1", "--set", "eval.at_end=false"])
+    assert result.exit_code == 0, result.output
+    (run,) = (tmp_path / "runs").iterdir()
+    assert " ".join(result.output.split()).count(f"run folder: {run}") == 1, result.output

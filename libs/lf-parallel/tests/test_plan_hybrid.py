@@ -42,6 +42,15 @@ def test_parse_errors_name_the_key(text, message):
         parse_plan(text)
 
 
+def test_parse_misspelled_key_suggests_the_close_one():
+    """Oracle: the plan's key names; a near miss of one is named as a suggestion (as config keys are)."""
+    with pytest.raises(PlanError, match=r"unknown key 'zer'; did you mean 'zero'\?"):
+        parse_plan("dp=1,zer=3")
+    with pytest.raises(PlanError) as err:  # nothing close: no suggestion
+        parse_plan("tp=2,foo=3")
+    assert "did you mean" not in str(err.value)
+
+
 @pytest.mark.parametrize("plan,world,graph,message,nearby", [
     (Plan(dp=2, tp=2, zero_stage=3, micro_batch=2), 8, LLAMA,
      r"dp\*tp\*pp\*cp = 2\*2\*1\*1 = 4 must equal the number of processes \(8\)", "dp=4 zero_stage=3 tp=2"),

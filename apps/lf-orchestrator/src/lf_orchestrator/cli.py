@@ -175,7 +175,7 @@ def run(config: Annotated[Optional[Path], typer.Argument(
         ctx = init_distributed(cfg.run.device)
     except ValueError as err:
         _fail(str(err))
-    from lf_orchestrator.run_folder import RunFolder
+    from lf_orchestrator.run_folder import RunFolder, missing_dirs
 
     exit_code = 0
     try:  # the folder is locked for the run (rank 0) and removed if the run fails leaving only its config
@@ -187,7 +187,9 @@ def run(config: Annotated[Optional[Path], typer.Argument(
                 elif resume is not None:
                     folder.claim(resume, created=False)
                 else:
+                    made = missing_dirs(Path(cfg.run.out_dir)) if ctx.is_main else []
                     run_dir = folder.claim(_new_run_dir(cfg, ctx), created=True)
+                    folder.made_parents += made
                 if cfg.model.recipe in FAMILY_RECIPES:  # llm / vlm / video: the recipe trainer
                     from lf_orchestrator.run_family import run_family
 
@@ -247,7 +249,7 @@ def _fused_count(cfg, model) -> dict:
 def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = None) -> None:
     from lf_orchestrator.checkpoint import write_text_atomic
     from lf_orchestrator.progress import TrainProgress
-    from lf_orchestrator.run_folder import absolute_paths, start_run_folder
+    from lf_orchestrator.run_folder import absolute_paths, announce_run_folder, start_run_folder
     from lf_orchestrator.trainer import Trainer
 
     cfg = absolute_paths(cfg)  # so a resumed or evaluated run finds its files from any folder
@@ -255,6 +257,7 @@ def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = 
     # a rich bar on a terminal, plain lines every train.log_every steps when the output is redirected
     with TrainProgress(console, enabled=ctx.is_main, log_every=cfg.train.log_every) as progress:
         trainer = Trainer(cfg, run_dir, ctx, resume=resume is not None, data_progress=progress.data)
+        announce_run_folder(run_dir, ctx, console)
         if ctx.is_main and resume is not None:  # the checkpoint loaded: keep the overrides
             write_text_atomic(run_dir / "config.toml", to_toml(cfg))
             console.print(f"resumed from step {trainer.step} of {cfg.train.steps}")

@@ -114,6 +114,7 @@ def launch(
                           run_dir=f"{out_dir}/{cfg.run.name}-{rid}", nodes=nodes, procs_per_node=gpus_per_node,
                           device=device, max_restarts=max_restarts, rdzv_id=run_id or "lf",
                           rdzv_endpoint=rdzv_endpoint)
+        _check_manual_plan(cfg, config, nodes, gpus_per_node)
         if backend is Backend.torchrun:
             raise typer.Exit(_torchrun(spec, dry_run))
         if backend is Backend.slurm:
@@ -128,6 +129,34 @@ def launch(
             _kubernetes(spec, opts, kind, dry_run, output, apply)
     except (ConfigError, LaunchError) as err:
         _fail(str(err))
+
+
+def _check_manual_plan(cfg, config: Path, nodes: int, procs_per_node: int) -> None:
+    """Refuse a ``parallel.plan = "manual"`` plan that `lf run` would refuse on ``nodes x procs_per_node`` processes
+    before its first step, as far as that needs no model: the spec parses, the degrees are positive and multiply to
+    the world size, the batch splits (lf-parallel's ``check_plan`` without the IR graph).
+
+    Raises:
+        LaunchError: names the config, the plan and the world size.
+    """
+    if cfg.parallel.plan != "manual":
+        return
+    from lf_orchestrator.families import FAMILY_RECIPES
+    from lf_parallel import Plan, PlanError, check_plan
+
+    world = nodes * procs_per_node
+    try:
+        if cfg.model.recipe in FAMILY_RECIPES:
+            from lf_orchestrator.families._plan import manual_plan
+
+            plan = manual_plan(cfg)
+        else:  # the VLA trainer: data parallel only (trainer.make_plan)
+            p = cfg.parallel
+            plan = Plan(dp=p.dp, micro_batch=p.micro_batch, grad_accum=p.grad_accum)
+        check_plan(plan, world_size=world, global_batch=cfg.train.global_batch)
+    except PlanError as err:
+        raise LaunchError(f"{config}: {err} (the job has {nodes} node(s) x {procs_per_node} processes = "
+                          f"{world})") from None
 
 
 def _torchrun(spec: LaunchSpec, dry_run: bool) -> int:

@@ -17,7 +17,7 @@ from lf_orchestrator.families._tune import tuned_plan_of
 from lf_orchestrator.fit import trained_phrase
 from lf_orchestrator.progress import TrainProgress
 from lf_orchestrator.recipe_trainer import RecipeTrainer, precision_name, prepare_family
-from lf_orchestrator.run_folder import absolute_paths, start_run_folder
+from lf_orchestrator.run_folder import absolute_paths, announce_run_folder, start_run_folder
 from lf_parallel import DistContext
 
 
@@ -64,6 +64,7 @@ def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None,
         if plan is None:
             plan = _measure_plans(cfg, run_dir, ctx, family, console)
     trainer = RecipeTrainer(cfg, run_dir, ctx, resume=resume is not None, family=family, plan=plan)
+    announce_run_folder(run_dir, ctx, console)
     if ctx.is_main and resume is not None:
         write_text_atomic(run_dir / "config.toml", to_toml(cfg))
         console.print(f"resumed from step {trainer.step} of {cfg.train.steps}")

@@ -82,6 +82,8 @@ class RunFolder:
         self.ctx = ctx
         self.path: Path | None = None
         self.created = False
+        self.made_parents: list[Path] = []
+        """Folders above the run folder that this process made (deepest first); removed with it when empty."""
         self._fd: int | None = None
 
     def claim(self, path: Path, *, created: bool) -> Path:
@@ -100,6 +102,7 @@ class RunFolder:
         if self.ctx.is_main:
             if not path.exists():
                 created = True
+                self.made_parents += missing_dirs(path.parent)
             path.mkdir(parents=True, exist_ok=True)
             error[0] = self._lock(path)
         if self.ctx.distributed:
@@ -139,6 +142,11 @@ class RunFolder:
         if not _only_disposable(self.path):
             return False
         shutil.rmtree(self.path, ignore_errors=True)
+        for parent in self.made_parents:  # e.g. runs/ made for this run: only while empty
+            try:
+                parent.rmdir()
+            except OSError:
+                break
         return True
 
     def __enter__(self) -> RunFolder:
@@ -153,10 +161,23 @@ class RunFolder:
             self.release()
 
 
+def missing_dirs(path: Path) -> list[Path]:
+    """``path`` and the folders above it that do not exist yet, deepest first."""
+    path = Path(path)
+    return [p for p in (path, *path.parents) if not p.exists()]
+
+
+def announce_run_folder(run_dir: Path, ctx, console) -> None:
+    """Rank 0 prints ``run folder: RUN``; called once the run starts (its trainer and plan are set up), so a
+    run refused before that names no folder it removes again."""
+    if ctx.is_main:
+        console.print(f"run folder: [bold]{run_dir}[/]")
+
+
 def start_run_folder(cfg, ctx, resume: Path | None, run_dir: Path | None, console, new_run_dir) -> Path:
     """The folder `lf run` trains in: ``run_dir`` (created), the ``resume`` folder, or a new one from
-    ``new_run_dir(cfg, ctx)``; rank 0 prints it and, for a new run, writes the resolved ``config.toml``
-    (atomically) before anything else."""
+    ``new_run_dir(cfg, ctx)``; for a new run rank 0 writes the resolved ``config.toml`` (atomically) before
+    anything else. :func:`announce_run_folder` prints it once the run starts."""
     from lf_orchestrator.checkpoint import write_text_atomic
     from lf_orchestrator.config import to_toml
 
@@ -164,10 +185,8 @@ def start_run_folder(cfg, ctx, resume: Path | None, run_dir: Path | None, consol
         run_dir = resume if resume is not None else new_run_dir(cfg, ctx)
     elif ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-    if ctx.is_main:
-        console.print(f"run folder: [bold]{run_dir}[/]")
-        if resume is None:
-            write_text_atomic(run_dir / "config.toml", to_toml(cfg))
+    if ctx.is_main and resume is None:
+        write_text_atomic(run_dir / "config.toml", to_toml(cfg))
     return run_dir
 
 

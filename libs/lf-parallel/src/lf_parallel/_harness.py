@@ -25,6 +25,7 @@ one backward per step, so each rank would see ``1 / grad_accum`` of its samples)
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import tempfile
@@ -164,8 +165,20 @@ def _build(job: Job, device: str = "cpu"):
     return materialize(model, device, seed=job.seed), recipe
 
 
+_REDISTRIBUTE_LOG = logging.getLogger("torch.distributed.tensor._redistribute")
+"""torch logs a warning on it, in every rank, when gathering a ZeRO-3 + TP parameter (``_StridedShard``) takes
+several sequential all-gathers; the harness gathers full tensors only to compare them, so it is noise there."""
+
+
 def _full(t: torch.Tensor) -> torch.Tensor:
-    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().double().clone()
+    if not isinstance(t, DTensor):
+        return t.detach().double().clone()
+    level = _REDISTRIBUTE_LOG.level
+    _REDISTRIBUTE_LOG.setLevel(logging.ERROR)  # only this logger's warnings, only for the comparison's gather
+    try:
+        return t.full_tensor().detach().double().clone()
+    finally:
+        _REDISTRIBUTE_LOG.setLevel(level)
 
 
 def _local_numel(t) -> int:

@@ -14,6 +14,7 @@ command-line form ``"tp=2,pp=2,dp=2,zero=3,vision.tp=1"``.
 
 from __future__ import annotations
 
+import difflib
 import typing
 from typing import Literal
 
@@ -160,8 +161,10 @@ def parse_plan(text: str, **defaults) -> Plan:
             dp_shard = _value(text, key, raw, int)
             continue
         if key not in Plan.__struct_fields__ or key == "components":
-            raise PlanError(f"plan {text!r}: unknown key {key!r}; expected one of "
-                            f"{sorted([*Plan.__struct_fields__, 'dp_shard', *_ALIASES])}")
+            known = sorted({*Plan.__struct_fields__, "dp_shard", *_ALIASES} - {"components"})
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise PlanError(f"plan {text!r}: unknown key {key!r}{hint}; expected one of {known}")
         kind = {"sp": bool, "pp_schedule": str, "cp_kind": str, "precision": str}.get(key, int)
         fields[key] = _value(text, key, raw, kind)
     if dp_shard is not None:
