@@ -246,6 +246,7 @@ def _fused_count(cfg, model) -> dict:
 
 def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = None) -> None:
     from lf_orchestrator.checkpoint import write_text_atomic
+    from lf_orchestrator.fit import resumed_phrase
     from lf_orchestrator.progress import TrainProgress
     from lf_orchestrator.run_folder import absolute_paths, start_run_folder
     from lf_orchestrator.trainer import Trainer
@@ -257,11 +258,11 @@ def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = 
         trainer = Trainer(cfg, run_dir, ctx, resume=resume is not None, data_progress=progress.data)
         if ctx.is_main and resume is not None:  # the checkpoint loaded: keep the overrides
             write_text_atomic(run_dir / "config.toml", to_toml(cfg))
-            console.print(f"resumed from step {trainer.step} of {cfg.train.steps}")
+            console.print(resumed_phrase(trainer.step, cfg.train.steps))
             if trainer.resharded:
                 console.print(trainer.resharded, highlight=False)
-        if trainer.step >= cfg.train.steps:
-            if ctx.is_main:
+        if trainer.step >= cfg.train.steps:  # after a resume, resumed_phrase said so
+            if ctx.is_main and resume is None:
                 console.print("the run is already finished; raise train.steps with --set to continue")
             return
         if ctx.is_main:
