@@ -126,6 +126,18 @@ def test_trained_phrase_names_the_resumed_steps():
         "trained steps 501-1500 in 412 s (resumed from step 500)")
 
 
+def test_resumed_phrase_says_nothing_to_train_past_train_steps():
+    """Oracle: the checkpoint step vs. train.steps: below it the usual line; at or past it one line saying
+    nothing is left to train (never "resumed from step 75 of 12")."""
+    from lf_orchestrator.fit import resumed_phrase
+
+    assert resumed_phrase(5, 12) == "resumed from step 5 of 12"
+    assert resumed_phrase(75, 12) == ("the checkpoint is at step 75, past train.steps = 12: nothing to train; "
+                                      "raise train.steps with --set to continue")
+    assert resumed_phrase(12, 12).startswith("the checkpoint is at step 12 = train.steps: the run is already "
+                                             "finished") and "of 12" not in resumed_phrase(12, 12)
+
+
 def test_too_few_samples_for_a_micro_batch_names_the_fields():
     """Oracle: the sampler's rule (each dp rank needs one full micro-batch): 15 samples, 2 ranks x 8 is refused
     naming train.global_batch and the data selection; 16 samples pass."""

@@ -35,6 +35,19 @@ def test_ir_show_table_and_errors():
     assert bad.exit_code == 2 and "unknown llama3 size '9B'" in bad.output
 
 
+@pytest.mark.parametrize("command", [["ir", "show"], ["plan", "--gpus", "8"], ["memory", "--gpus", "8"]])
+def test_recipe_without_size_names_the_sizes(command):
+    """`--recipe llama3` without `--size` exits 2 naming the recipe's sizes (was Typer's "Missing option '--size'"
+    for `lf ir show`, and a generic hint for `lf plan` / `lf memory`). Oracle: lf_ir's llama3.SIZES."""
+    from lf_ir.recipes import llama3
+
+    out = runner.invoke(app, [*command, "--recipe", "llama3"])
+    text = " ".join(out.output.split())
+    assert out.exit_code == 2, text
+    assert f"--size: missing; the llama3 recipe's sizes are {sorted(llama3.SIZES)}" in text, text
+    assert "Missing option" not in text
+
+
 def test_convert_round_trip_through_hf(tmp_path):
     """HF tiny Llama -> lf folder -> HF folder: the re-exported model gives the original logits."""
     transformers = pytest.importorskip("transformers")

@@ -167,3 +167,21 @@ def test_run_that_starts_names_its_folder(tiny_config, tmp_path):
     assert result.exit_code == 0, result.output
     (run,) = (tmp_path / "runs").iterdir()
     assert " ".join(result.output.split()).count(f"run folder: {run}") == 1, result.output
+
+
+def test_resume_past_train_steps_prints_one_clear_line(vla_run, tmp_path, one_thread):
+    """`lf run --resume RUN --set train.steps=1` on a checkpoint at step 2: one line says the checkpoint is past
+    train.steps and there is nothing to train (before: "resumed from step 2 of 1" then "already finished").
+    Oracle: the checkpoint's step (the vla_run fixture trains 2 steps) and the run's metrics, unchanged."""
+    import shutil
+
+    run = Path(shutil.copytree(vla_run, tmp_path / "run"))
+    before = (run / "metrics.jsonl").read_bytes()
+    assert b'"step": 2' in before.replace(b'"step":2', b'"step": 2')  # the checkpoint's run reached step 2
+    result = CliRunner().invoke(app, ["run", "--resume", str(run), "--set", "train.steps=1"])
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert ("the checkpoint is at step 2, past train.steps = 1: nothing to train; raise train.steps with --set "
+            "to continue") in out, out
+    assert "resumed from step" not in out and "already finished" not in out, out
+    assert (run / "metrics.jsonl").read_bytes() == before  # nothing trained

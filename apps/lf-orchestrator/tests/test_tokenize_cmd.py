@@ -133,3 +133,29 @@ def test_fit_fast_prints_error_and_enforces_tolerance(tmp_path, dataset_dir):
                "--vocab-size", "512", "--max-reconstruction-error", f"{err.max_abs.min() / 2}")
     assert res.exit_code == 2 and "reconstruction error of action dimension" in res.output.replace("\n", "")
     assert not (tmp_path / "f2.json").exists()
+
+
+def test_report_lists_fast_configs_that_cannot_be_fitted(dataset_dir):
+    """A FAST scale whose coefficients do not fit is reported (JSON row and table note), never dropped.
+
+    Oracle: FastTokenizer.fit on the same training chunks raises CoefficientRangeError at scale 1e6
+    (coefficients up to sqrt(8) * 1e6, far beyond the alphabet); its class name and message must appear.
+    """
+    from lf_tokenize_action import CoefficientRangeError
+
+    episodes, stats = read_actions(dataset_dir)
+    train = [e for i, e in enumerate(episodes) if i % 5 != 4] if len(episodes) >= 5 else episodes
+    with pytest.raises(CoefficientRangeError) as info:
+        FastTokenizer.fit(make_chunks(train, 8, 1), scale=1e6, vocab_size=512, stats=stats)
+    res = _run("report", dataset_dir, "--horizon", "8", "--scales", "1e6,10", "--vocab-sizes", "512", "--json")
+    assert res.exit_code == 0, res.output
+    rows = {r["tokenizer"]: r for r in json.loads(res.output)}
+    bad = rows["FAST scale=1e+06 vocab=512"]
+    assert bad["error"] == f"CoefficientRangeError: {info.value}"
+    assert bad["tokens_per_chunk"] is bad["mae_normalized"] is bad["mae_action"] is bad["clipped"] is None
+    assert "error" not in rows["FAST scale=10 vocab=512"]
+    res = _run("report", dataset_dir, "--horizon", "8", "--scales", "1e6,10", "--vocab-sizes", "512")
+    assert res.exit_code == 0, res.output
+    text = res.output.replace("\n", "")
+    assert "FAST scale=1e+06 vocab=512" in text and "not fitted" in text
+    assert f"FAST scale=1e+06 vocab=512: not fitted: CoefficientRangeError: {info.value}" in text

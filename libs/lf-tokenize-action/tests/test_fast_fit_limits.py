@@ -67,6 +67,30 @@ def test_coefficient_range_beyond_alphabet_raises_named_error():
         FastTokenizer.fit(x, scale=scale, vocab_size=1024, bounds="min_max")
 
 
+def test_coefficient_range_message_separates_measured_range_from_theoretical_bound():
+    """The message says which numbers are measured on the data and which are the theoretical bound.
+
+    Oracle: the coefficient range computed here (min_max bounds, float64 DCT-II matrix) and the bound
+    sqrt(H) * scale for normalized actions in [-1, 1]; a chunk constant at the upper bound reaches it,
+    random walks inside the bounds do not reach it from below.
+    """
+    x = _chunks()
+    top = np.broadcast_to(x.max(axis=(0, 1)), (1, 10, 3))  # constant at the max: normalized +1 throughout
+    x = np.concatenate([x, top])
+    scale = 1e5
+    norm = 2 * (x - x.min(axis=(0, 1))) / (x.max(axis=(0, 1)) - x.min(axis=(0, 1))) - 1
+    coeffs = np.rint(np.einsum("kt,ntd->nkd", _dct_matrix(10), norm) * scale).astype(int)
+    bound = int(np.rint(np.sqrt(10) * scale))
+    assert coeffs.max() == bound and coeffs.min() > -bound  # the case under test
+    with pytest.raises(CoefficientRangeError) as info:
+        FastTokenizer.fit(x, scale=scale, vocab_size=1_000_000, bounds="min_max")
+    err, msg = info.value, str(info.value)
+    assert (err.horizon, err.bound) == (10, bound)
+    assert f"range measured on the fitting chunks is {coeffs.min()}..{coeffs.max()}" in msg
+    assert f"theoretical bound for actions normalized to [-1, 1] at horizon 10 is -{bound}..{bound}" in msg
+    assert f"{bound} reaches that bound" in msg and f"{coeffs.min()} reaches" not in msg
+
+
 @pytest.mark.parametrize("bounds", ["min_max", "q01_q99"])
 def test_reconstruction_error_matches_float64_reference(bounds):
     """reconstruction_error == per-dimension max |err| and RMS of a float64 DCT round trip computed here.

@@ -248,6 +248,7 @@ def _fused_count(cfg, model) -> dict:
 
 def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = None) -> None:
     from lf_orchestrator.checkpoint import write_text_atomic
+    from lf_orchestrator.fit import resumed_phrase
     from lf_orchestrator.progress import TrainProgress
     from lf_orchestrator.run_folder import absolute_paths, announce_run_folder, start_run_folder
     from lf_orchestrator.trainer import Trainer
@@ -260,11 +261,11 @@ def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = 
         announce_run_folder(run_dir, ctx, console)
         if ctx.is_main and resume is not None:  # the checkpoint loaded: keep the overrides
             write_text_atomic(run_dir / "config.toml", to_toml(cfg))
-            console.print(f"resumed from step {trainer.step} of {cfg.train.steps}")
+            console.print(resumed_phrase(trainer.step, cfg.train.steps))
             if trainer.resharded:
                 console.print(trainer.resharded, highlight=False)
-        if trainer.step >= cfg.train.steps:
-            if ctx.is_main:
+        if trainer.step >= cfg.train.steps:  # after a resume, resumed_phrase said so
+            if ctx.is_main and resume is None:
                 console.print("the run is already finished; raise train.steps with --set to continue")
             return
         if ctx.is_main:

@@ -190,6 +190,19 @@ def trained_phrase(summary: dict) -> str:
     return f"trained {steps} steps in {seconds:.0f} s"
 
 
+def resumed_phrase(step: int, steps: int) -> str:
+    """What `lf run --resume` prints once the checkpoint is loaded: ``"resumed from step 500 of 1500"``, or,
+    when the checkpoint's ``step`` is already at or past ``steps`` (``train.steps``), one line saying that
+    nothing is left to train and how to continue."""
+    if step > steps:
+        return (f"the checkpoint is at step {step}, past train.steps = {steps}: nothing to train; "
+                "raise train.steps with --set to continue")
+    if step == steps:
+        return (f"the checkpoint is at step {step} = train.steps: the run is already finished; "
+                "raise train.steps with --set to continue")
+    return f"resumed from step {step} of {steps}"
+
+
 def preempted_phrase(summary: dict, run_dir, ckpt_every: int) -> str:
     """What `lf run` prints after a SIGTERM / SIGINT stop: the saved step and how to resume, or with
     ``train.ckpt_every = 0`` that nothing was saved."""

@@ -26,6 +26,17 @@ def _recipe_module(recipe: str):
     return RECIPES[recipe]
 
 
+def missing_size(recipe: str) -> str:
+    """The message for ``--recipe`` given without ``--size``: names the recipe's sizes (its ``SIZES``).
+
+    Raises:
+        ValueError: unknown recipe (lists the recipes).
+    """
+    sizes = sorted(getattr(_recipe_module(recipe), "SIZES", {}))
+    example = "tiny" if "tiny" in sizes else sizes[0]
+    return f"--size: missing; the {recipe} recipe's sizes are {sizes} (e.g. --recipe {recipe} --size {example})"
+
+
 TYPICAL_TRAIN_SEQ = {"llama3": 8192}
 """Tokens per sample `lf ir show` uses by default, per recipe: the length the family is typically trained at
 (Llama 3 pre-training: 8192, the context before long-context extension; arXiv 2407.21783 section 3.4), not the
@@ -84,7 +95,8 @@ def build_recipe_graph(recipe: str, size: str, seq: Optional[int]):
 
 @ir_app.command("show")
 def show(recipe: Annotated[str, typer.Option(help="Recipe name (any of lf_ir.recipes.RECIPES).")],
-         size: Annotated[str, typer.Option(help="Named size, e.g. tiny, 1B, 8B, 70B, small.")],
+         size: Annotated[Optional[str], typer.Option(help="Named size of the recipe, e.g. tiny, 1B, 8B, 70B, "
+                                                         "small (without it, the error lists them).")] = None,
          seq: Annotated[Optional[int], typer.Option(help="Tokens per sample, for recipes whose "
                                                          "build_graph takes seq_len.")] = None,
          batch: Annotated[int, typer.Option(help="Samples per micro-batch for the table.")] = 1,
@@ -101,6 +113,8 @@ def show(recipe: Annotated[str, typer.Option(help="Recipe name (any of lf_ir.rec
         _fail(f"--batch and --dtype-bytes must be positive, got {batch} and {dtype_bytes}")
     seq_note = "--seq"
     try:
+        if size is None:
+            _fail(missing_size(recipe))
         if seq is None:
             cfg, _, _ = build_recipe_graph(recipe, size, None)
             seq, seq_note = default_seq(recipe, cfg)

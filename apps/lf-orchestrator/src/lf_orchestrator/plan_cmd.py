@@ -140,6 +140,10 @@ def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[
         if seq is None and same_recipe:
             seq, graph_kw = _run_sample(cfg)
             source = _SAMPLE_FROM.get(recipe, "the recipe graph's sample")
+    if recipe and not size:
+        from lf_orchestrator.ir_cmd import missing_size
+
+        raise ValueError(missing_size(recipe))
     if not recipe or not size:
         raise ValueError("give a run CONFIG, or --recipe and --size (e.g. --recipe llama3 --size 70B)")
     module = _recipe(recipe)

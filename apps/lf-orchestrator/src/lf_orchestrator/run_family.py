@@ -14,7 +14,7 @@ from lf_orchestrator._cpu_numerics import cpu_numerics
 from lf_orchestrator.checkpoint import write_text_atomic
 from lf_orchestrator.families._recompute import plan_line
 from lf_orchestrator.families._tune import tuned_plan_of
-from lf_orchestrator.fit import trained_phrase
+from lf_orchestrator.fit import resumed_phrase, trained_phrase
 from lf_orchestrator.progress import TrainProgress
 from lf_orchestrator.recipe_trainer import RecipeTrainer, precision_name, prepare_family
 from lf_orchestrator.run_folder import absolute_paths, announce_run_folder, start_run_folder
@@ -67,12 +67,12 @@ def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None,
     announce_run_folder(run_dir, ctx, console)
     if ctx.is_main and resume is not None:
         write_text_atomic(run_dir / "config.toml", to_toml(cfg))
-        console.print(f"resumed from step {trainer.step} of {cfg.train.steps}")
+        console.print(resumed_phrase(trainer.step, cfg.train.steps))
         if trainer.resharded:
             console.print(trainer.resharded, highlight=False)
             trainer.plan_info["resharded_from"] = trainer.resharded
-    if trainer.step >= cfg.train.steps:
-        if ctx.is_main:
+    if trainer.step >= cfg.train.steps:  # after a resume, resumed_phrase said so
+        if ctx.is_main and resume is None:
             console.print("the run is already finished; raise train.steps with --set to continue")
         return
     write_plan(trainer)

@@ -199,7 +199,9 @@ def report_rows(episodes: list[np.ndarray], stats: dict, *, horizon: int, scales
     action units; ``clipped`` is the fraction of held-out chunks with a clipped value.
     FAST rows also carry ``fit_max_abs`` and ``fit_rms``: lists of D floats, the
     tokenizer's own reconstruction error on its fitting chunks per action dimension
-    (action units, ``FastTokenizer.reconstruction_error``).
+    (action units, ``FastTokenizer.reconstruction_error``). A FAST configuration that cannot be
+    fitted (``FastTokenizer.fit`` raises a ``ValueError`` such as ``CoefficientRangeError``) keeps
+    its row with ``None`` for every number and ``error``: the exception's class name and message.
     """
     from lf_tokenize_action import BinningTokenizer, FastTokenizer
 
@@ -222,12 +224,15 @@ def report_rows(episodes: list[np.ndarray], stats: dict, *, horizon: int, scales
             clipped.any(axis=(1, 2)))
     for scale in scales:
         for vocab in vocab_sizes:
+            name = f"FAST scale={scale:g} vocab={vocab}"
             try:
                 tok = FastTokenizer.fit(train_chunks, scale=scale, vocab_size=vocab, stats=stats, bounds=bounds)
-            except ValueError:
-                continue  # alphabet larger than the vocabulary: not a valid configuration
+            except ValueError as err:  # e.g. CoefficientRangeError, or an alphabet larger than the vocabulary
+                rows.append({"tokenizer": name, "tokens_per_chunk": None, "mae_normalized": None,
+                             "mae_action": None, "clipped": None, "error": f"{type(err).__name__}: {err}"})
+                continue
             tokens, clipped = tok.encode(test, return_clipped=True)
-            add(f"FAST scale={scale:g} vocab={vocab}", tok, tok.decode(tokens, horizon=horizon),
+            add(name, tok, tok.decode(tokens, horizon=horizon),
                 np.mean([len(t) for t in tokens]), clipped)
             rows[-1].update(fit_max_abs=tok.reconstruction_error.max_abs.tolist(),
                             fit_rms=tok.reconstruction_error.rms.tolist())
@@ -256,11 +261,17 @@ def report(
     table = Table(title=f"{dataset.name}: {len(episodes)} episodes, horizon {horizon}, D {episodes[0].shape[1]}")
     for col in ("tokenizer", "tokens/chunk", "MAE normalized", "MAE action units", "clipped chunks"):
         table.add_column(col, justify="left" if col == "tokenizer" else "right")
+    failed = [r for r in rows if "error" in r]
     for r in rows:
-        table.add_row(r["tokenizer"], f"{r['tokens_per_chunk']:.1f}", f"{r['mae_normalized']:.4f}",
-                      f"{r['mae_action']:.4f}", f"{r['clipped']:.1%}")
+        if "error" in r:
+            table.add_row(r["tokenizer"], *["not fitted"] + ["-"] * 3)
+        else:
+            table.add_row(r["tokenizer"], f"{r['tokens_per_chunk']:.1f}", f"{r['mae_normalized']:.4f}",
+                          f"{r['mae_action']:.4f}", f"{r['clipped']:.1%}")
     out = make_console(width=120)
     out.print(table)
+    for r in failed:
+        out.print(f"{r['tokenizer']}: not fitted: {r['error']}", highlight=False, markup=False, soft_wrap=True)
     fast = [r for r in rows if "fit_max_abs" in r]
     if fast:
         per_dim = Table(title="FAST fit error per action dimension: max abs / RMS (action units)")

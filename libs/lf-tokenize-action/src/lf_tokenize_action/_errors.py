@@ -31,22 +31,32 @@ class CoefficientRangeError(ValueError):
     limit - 1``) fit. Subclass of ``ValueError``.
 
     Attributes:
-        min_coeff, max_coeff: the integer coefficient range found on the fitting chunks.
+        min_coeff, max_coeff: the integer coefficient range measured on the fitting chunks.
         limit: the largest number of distinct integer coefficients (``MAX_ALPHABET``).
         scale: the DCT scale that was asked for.
         max_scale: a scale at which every chunk of this horizon fits (normalized
             actions lie in [-1, 1], so ``|coefficient| <= sqrt(horizon)`` before scaling).
+        horizon: the chunk length ``H`` of the fitting chunks.
+        bound: ``round(sqrt(horizon) * scale)``, the theoretical largest ``|coefficient|`` for
+            normalized actions in [-1, 1] (reached by a chunk constant at a bound, e.g. clipped).
     """
 
-    def __init__(self, *, min_coeff: int, max_coeff: int, limit: int, scale: float, max_scale: float) -> None:
+    def __init__(self, *, min_coeff: int, max_coeff: int, limit: int, scale: float, max_scale: float,
+                 horizon: int) -> None:
         self.min_coeff, self.max_coeff, self.limit = min_coeff, max_coeff, limit
-        self.scale, self.max_scale = scale, max_scale
+        self.scale, self.max_scale, self.horizon = scale, max_scale, horizon
+        self.bound = round(horizon**0.5 * scale)
         got = max_coeff - min_coeff + 1
+        at_bound = [f"{v}" for v in (min_coeff, max_coeff) if abs(v) >= self.bound]
+        reached = (f"; {' and '.join(at_bound)} reach{'es' if len(at_bound) == 1 else ''} that bound: some chunk "
+                   f"is constant at a normalization bound (e.g. clipped)" if at_bound else "")
         super().__init__(
-            f"FAST coefficients at scale={scale:g} span {min_coeff}..{max_coeff} ({got} integer values), but the "
-            f"character alphabet holds at most {limit} values (a coefficient range of {limit - 1}, i.e. "
-            f"{(limit - 1) / scale:.6g} in normalized DCT units at this scale); lower scale (scale <= "
-            f"{max_scale:.6g} always fits this horizon, since actions are normalized to [-1, 1] before the DCT)"
+            f"FAST coefficients at scale={scale:g}: the range measured on the fitting chunks is "
+            f"{min_coeff}..{max_coeff} ({got} integer values), but the character alphabet holds at most {limit} "
+            f"values (a coefficient range of {limit - 1}, i.e. {(limit - 1) / scale:.6g} in normalized DCT units "
+            f"at this scale). The theoretical bound for actions normalized to [-1, 1] at horizon {horizon} is "
+            f"-{self.bound}..{self.bound} (sqrt({horizon}) * scale){reached}; lower scale (scale <= "
+            f"{max_scale:.6g} always fits this horizon)"
         )
 
 

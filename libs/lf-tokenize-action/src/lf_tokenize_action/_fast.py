@@ -157,7 +157,8 @@ class FastTokenizer:
 
         Raises:
             CoefficientRangeError: the integer coefficients span more than ``MAX_ALPHABET``
-                values (the message gives the limit, the range found and a scale that fits).
+                values (the message gives the limit, the range measured on the chunks, the theoretical bound
+                ``sqrt(H) * scale`` and a scale that fits).
             ReconstructionToleranceError: ``max_reconstruction_error`` exceeded (names the dimension).
             TypeError: ``stats`` neither a mapping nor an array.
             ValueError: chunks not ``(n, H, D)`` finite, bad ``scale``, or ``vocab_size`` below the
@@ -180,7 +181,7 @@ class FastTokenizer:
         if hi - lo + 1 > MAX_ALPHABET:  # |dct| <= sqrt(H) for inputs in [-1, 1]: range <= 2 sqrt(H) scale + 1
             max_scale = float(np.floor((MAX_ALPHABET - 2) / (2.0 * np.sqrt(horizon)) * 1000) / 1000)
             raise CoefficientRangeError(min_coeff=lo, max_coeff=hi, limit=MAX_ALPHABET, scale=scale,
-                                        max_scale=max_scale)
+                                        max_scale=max_scale, horizon=horizon)
         if hi - lo + 1 > vocab_size:
             raise ValueError(
                 f"vocab_size must be >= the coefficient alphabet size {hi - lo + 1} (coefficients {lo}..{hi} "
