@@ -63,11 +63,11 @@ def test_lf_run_trains_checkpoints_and_evaluates(tiny_config):
     assert json.loads(extra.read_text())["tasks"][0]["episodes"] == 1
     assert json.loads((run_dir / "eval.json").read_text()) == report
     # a second run with the same name in the same second gets its own folder
-    from lf_orchestrator.cli import _new_run_dir
+    from lf_orchestrator.run_folder import new_run_dir
     from lf_parallel import init_distributed
 
     ctx = init_distributed("cpu")
-    a, b = _new_run_dir(cfg, ctx), _new_run_dir(cfg, ctx)
+    a, b = new_run_dir(cfg, ctx), new_run_dir(cfg, ctx)
     assert a != b and a.is_dir() and b.is_dir()
 
 

@@ -82,26 +82,6 @@ def _threads(n: int) -> None:
     torch.set_num_threads(n or os.cpu_count() or 1)
 
 
-def _new_run_dir(cfg, ctx) -> Path:
-    import torch.distributed as dist
-
-    name = [""]
-    if ctx.is_main:  # a fresh folder, never one another run created in the same second
-        base = Path(cfg.run.out_dir) / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        base.parent.mkdir(parents=True, exist_ok=True)
-        for i in range(1, 1000):
-            candidate = base if i == 1 else base.with_name(f"{base.name}-{i}")
-            try:
-                candidate.mkdir()
-                name[0] = str(candidate)
-                break
-            except FileExistsError:
-                continue
-    if ctx.distributed:
-        dist.broadcast_object_list(name, src=0)
-    return Path(name[0])
-
-
 def print_eval(report: dict) -> None:
     """The success table of an evaluation report."""
     table = Table(title="Closed-loop success (Meta-World)")
@@ -175,7 +155,7 @@ def run(config: Annotated[Optional[Path], typer.Argument(
         ctx = init_distributed(cfg.run.device)
     except ValueError as err:
         _fail(str(err))
-    from lf_orchestrator.run_folder import RunFolder, missing_dirs
+    from lf_orchestrator.run_folder import RunFolder, missing_dirs, new_run_dir
 
     exit_code = 0
     try:  # the folder is locked for the run (rank 0) and removed if the run fails leaving only its config
@@ -188,12 +168,12 @@ def run(config: Annotated[Optional[Path], typer.Argument(
                     folder.claim(resume, created=False)
                 else:
                     made = missing_dirs(Path(cfg.run.out_dir)) if ctx.is_main else []
-                    run_dir = folder.claim(_new_run_dir(cfg, ctx), created=True)
+                    run_dir = folder.claim(new_run_dir(cfg, ctx), created=True)
                     folder.made_parents += made
                 if cfg.model.recipe in FAMILY_RECIPES:  # llm / vlm / video: the recipe trainer
                     from lf_orchestrator.run_family import run_family
 
-                    run_family(cfg, ctx, resume, run_dir, console, _new_run_dir)
+                    run_family(cfg, ctx, resume, run_dir, console)
                 else:
                     if cfg.parallel.tune == "measure":
                         raise ConfigError(f"parallel.tune = 'measure': model.recipe {cfg.model.recipe!r} trains "
@@ -254,7 +234,7 @@ def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = 
     from lf_orchestrator.trainer import Trainer
 
     cfg = absolute_paths(cfg)  # so a resumed or evaluated run finds its files from any folder
-    run_dir = start_run_folder(cfg, ctx, resume, run_dir, console, _new_run_dir)
+    run_dir = start_run_folder(cfg, ctx, resume, run_dir, console)
     # a rich bar on a terminal, plain lines every train.log_every steps when the output is redirected
     with TrainProgress(console, enabled=ctx.is_main, log_every=cfg.train.log_every) as progress:
         trainer = Trainer(cfg, run_dir, ctx, resume=resume is not None, data_progress=progress.data)

@@ -51,12 +51,12 @@ def _measure_plans(cfg, run_dir: Path, ctx: DistContext, family, console):
     return chosen
 
 
-def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None, console, new_run_dir) -> None:
+def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None, console) -> None:
     """`lf run` for the llm / vlm / video families: run folder, training, evaluation, summary."""
     from lf_orchestrator.config import to_toml
 
     cfg = absolute_paths(cfg)
-    run_dir = start_run_folder(cfg, ctx, resume, run_dir, console, new_run_dir)
+    run_dir = start_run_folder(cfg, ctx, resume, run_dir, console)
     family, plan = None, None
     if cfg.parallel.plan == "auto" and cfg.parallel.tune == "measure":
         family = prepare_family(cfg, run_dir, ctx)

@@ -174,9 +174,33 @@ def announce_run_folder(run_dir: Path, ctx, console) -> None:
         console.print(f"run folder: [bold]{run_dir}[/]")
 
 
-def start_run_folder(cfg, ctx, resume: Path | None, run_dir: Path | None, console, new_run_dir) -> Path:
+def new_run_dir(cfg, ctx) -> Path:
+    """A fresh ``run.out_dir/<run.name>-<timestamp>[-i]`` folder made by rank 0 (never one another run created in
+    the same second), its path broadcast to every rank."""
+    import time
+
+    import torch.distributed as dist
+
+    name = [""]
+    if ctx.is_main:
+        base = Path(cfg.run.out_dir) / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for i in range(1, 1000):
+            candidate = base if i == 1 else base.with_name(f"{base.name}-{i}")
+            try:
+                candidate.mkdir()
+                name[0] = str(candidate)
+                break
+            except FileExistsError:
+                continue
+    if ctx.distributed:
+        dist.broadcast_object_list(name, src=0)
+    return Path(name[0])
+
+
+def start_run_folder(cfg, ctx, resume: Path | None, run_dir: Path | None, console) -> Path:
     """The folder `lf run` trains in: ``run_dir`` (created), the ``resume`` folder, or a new one from
-    ``new_run_dir(cfg, ctx)``; for a new run rank 0 writes the resolved ``config.toml`` (atomically) before
+    :func:`new_run_dir`; for a new run rank 0 writes the resolved ``config.toml`` (atomically) before
     anything else. :func:`announce_run_folder` prints it once the run starts."""
     from lf_orchestrator.checkpoint import write_text_atomic
     from lf_orchestrator.config import to_toml
