@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from lf_data import LeRobotDataset, write_lerobot_v3
-from lf_orchestrator import assembly
-from lf_orchestrator._action_clip import ClippedActionsWarning, clipped_fractions
 from lf_orchestrator.config import ConfigError, load_config
+from lf_orchestrator.families.vla import assembly
+from lf_orchestrator.families.vla._action_clip import ClippedActionsWarning, clipped_fractions
 
 LENGTHS = (40, 60, 50, 70)
 

@@ -77,7 +77,7 @@ def test_lf_eval_bc_mlp_steps_budget(trained_runs, tmp_path):
     """The default budget: as many optimizer steps as the VLA (summary.json ``steps``, set to 37 here) at the
     VLA's global batch (config.toml), stated in the eval JSON; a saved BC MLP of another rule (time) is
     retrained, one of the same rule is reused (its record is unchanged)."""
-    from lf_orchestrator.baselines import train_bc_mlp
+    from lf_orchestrator.families.vla.baselines import train_bc_mlp
 
     run_dir = _trained_run(trained_runs, tmp_path)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -109,7 +109,7 @@ def test_lf_eval_bc_mlp_steps_budget(trained_runs, tmp_path):
 
 def test_bc_budget_arguments(trained_runs, tmp_path):
     """Both seconds and steps, an unknown rule or a bad --bc-budget are refused with messages naming them."""
-    from lf_orchestrator.baselines import train_bc_mlp
+    from lf_orchestrator.families.vla.baselines import train_bc_mlp
 
     run_dir = _trained_run(trained_runs, tmp_path)
     with pytest.raises(ValueError, match="not both"):
@@ -127,7 +127,7 @@ def test_bc_budget_arguments(trained_runs, tmp_path):
 def test_bc_mlp_loss_falls(trained_runs, tmp_path, recipe):
     """The BC MLP's logged MSE (mean of 20 steps) falls to under half its first value within 200 steps (at
     least 200 steps, whatever the machine's load: ``min_steps``)."""
-    from lf_orchestrator.baselines import train_bc_mlp
+    from lf_orchestrator.families.vla.baselines import train_bc_mlp
 
     run_dir = _trained_run(trained_runs, tmp_path, recipe)
     record = train_bc_mlp(run_dir, seconds=0.1, min_steps=200, log_every=20)
@@ -141,7 +141,7 @@ def test_bc_policy_acts_in_action_units(trained_runs, tmp_path):
     through the run's tokenizer bounds: ``low + (x + 1) / 2 * (high - low)`` in float64 numpy."""
     import torch
 
-    from lf_orchestrator.baselines import BCMLPPolicy, train_bc_mlp
+    from lf_orchestrator.families.vla.baselines import BCMLPPolicy, train_bc_mlp
 
     run_dir = _trained_run(trained_runs, tmp_path)
     record = train_bc_mlp(run_dir, seconds=0.5)

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from lf_orchestrator.cli import app
 from lf_orchestrator.config import load_config, to_toml
-from lf_orchestrator.recipe_trainer import RecipeTrainer
+from lf_orchestrator.train import Trainer
 from lf_parallel import init_distributed
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -53,7 +53,7 @@ def _losses(run_dir: Path) -> dict[int, float]:
 def test_llm_example_trains_and_perplexity_falls(corpus_dir, tmp_path):
     """The llama3 example (tiny, 16 steps): finite losses, held-out perplexity below the initial one, files."""
     cfg = _llm(corpus_dir, "train.steps=16", "train.ckpt_every=8", "train.lr=5e-3")
-    trainer = RecipeTrainer(cfg, tmp_path, init_distributed("cpu"))
+    trainer = Trainer(cfg, tmp_path, init_distributed("cpu"))
     before = trainer.evaluate()["eval/perplexity"]
     summary = trainer.fit()
     after = summary["eval"]["eval/perplexity"]
@@ -74,15 +74,15 @@ def test_llm_resume_is_exact(corpus_dir, tmp_path):
     run's losses exactly (same batches, same updates, same schedule)."""
     ctx = init_distributed("cpu")
     cfg = _llm(corpus_dir, "train.steps=8", "train.ckpt_every=4", "eval.at_end=false")
-    RecipeTrainer(cfg, tmp_path / "full", ctx).fit()
+    Trainer(cfg, tmp_path / "full", ctx).fit()
 
     def crash(step: int, _scalars: dict) -> None:
         if step == 5:
             raise _Crash
 
     with pytest.raises(_Crash):
-        RecipeTrainer(cfg, tmp_path / "part", ctx).fit(crash)
-    resumed = RecipeTrainer(cfg, tmp_path / "part", ctx, resume=True)
+        Trainer(cfg, tmp_path / "part", ctx).fit(crash)
+    resumed = Trainer(cfg, tmp_path / "part", ctx, resume=True)
     assert resumed.step == 4
     resumed.fit()
     full, part = _losses(tmp_path / "full"), _losses(tmp_path / "part")
@@ -99,11 +99,11 @@ def test_resume_with_more_steps_follows_the_new_schedule(corpus_dir, tmp_path):
     """Oracle: a fresh 8-step run's learning rates. A 4-step run resumed with train.steps=8 uses the 8-step cosine
     schedule from step 5 on (before: step 5 took the 4-step schedule's floor)."""
     ctx = init_distributed("cpu")
-    RecipeTrainer(_llm(corpus_dir, "train.steps=8", "train.ckpt_every=4", "eval.at_end=false"), tmp_path / "full",
+    Trainer(_llm(corpus_dir, "train.steps=8", "train.ckpt_every=4", "eval.at_end=false"), tmp_path / "full",
                   ctx).fit()
-    RecipeTrainer(_llm(corpus_dir, "train.steps=4", "train.ckpt_every=4", "eval.at_end=false"), tmp_path / "part",
+    Trainer(_llm(corpus_dir, "train.steps=4", "train.ckpt_every=4", "eval.at_end=false"), tmp_path / "part",
                   ctx).fit()
-    resumed = RecipeTrainer(_llm(corpus_dir, "train.steps=8", "train.ckpt_every=4", "eval.at_end=false"),
+    resumed = Trainer(_llm(corpus_dir, "train.steps=8", "train.ckpt_every=4", "eval.at_end=false"),
                             tmp_path / "part", ctx, resume=True)
     resumed.fit()
     full, part = _lrs(tmp_path / "full"), _lrs(tmp_path / "part")
@@ -117,7 +117,7 @@ def test_lora_changes_only_adapters(corpus_dir, tmp_path):
     lora_a / lora_b of the wrapped linears moved (lora_b starts at zero)."""
     cfg = _llm(corpus_dir, "train.steps=3", "train.lora_rank=4", "train.lora_targets=['*.q', '*.v']",
                "eval.at_end=false", "train.ckpt_every=3", "train.weight_decay=0.0")
-    trainer = RecipeTrainer(cfg, tmp_path, init_distributed("cpu"))
+    trainer = Trainer(cfg, tmp_path, init_distributed("cpu"))
     start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     assert len(trainer.plan_info["lora_modules"]) == 4  # tiny llama3: 2 blocks x (q, v)
     trainer.fit()
@@ -145,7 +145,7 @@ def test_vlm_example_trains_on_answers_with_frozen_vision(dataset_dir, tmp_path)
     unchanged and the text decoder moved; held-out answer cross-entropy falls."""
     cfg = _vision("qwen2_vl_sft.toml", dataset_dir, "train.steps=12", "train.ckpt_every=12",
                   "vlm.eval_fraction=0.5", "train.global_batch=4", "parallel.micro_batch=4")
-    trainer = RecipeTrainer(cfg, tmp_path, init_distributed("cpu"))
+    trainer = Trainer(cfg, tmp_path, init_distributed("cpu"))
     fam = trainer.family
     batch = fam.collate([0, 1], 0)
     answer = len(fam._words(fam.dataset.tasks[0])) + 1
@@ -169,7 +169,7 @@ def test_video_example_trains_and_lf_sample_writes_mp4(dataset_dir, tmp_path):
     cfg = _vision("wan_t2v.toml", dataset_dir, "train.steps=30", "train.ckpt_every=30", "train.lr=3e-3",
                   f"video.cache_dir='{tmp_path / 'latents'}'", "data.episodes_per_task=3")
     run_dir = tmp_path / "run"
-    trainer = RecipeTrainer(cfg, run_dir, init_distributed("cpu"))
+    trainer = Trainer(cfg, run_dir, init_distributed("cpu"))
     before = trainer.evaluate()["eval/flow_loss"]
     cached = list((tmp_path / "latents").glob("*/latents.safetensors"))
     assert len(cached) == 1

@@ -57,12 +57,12 @@ def _torchrun(job, run_dir: Path, spec: str, *extra: str) -> str:
 
 
 def _one_process(job, run_dir: Path, spec: str = "dp=1", resume: bool = False):
-    from lf_orchestrator.recipe_trainer import RecipeTrainer
+    from lf_orchestrator.train import Trainer
     from lf_parallel import init_distributed
 
     data, latents, _ = job
     cfg = load_config(EXAMPLES / "wan_t2v.toml", _sets(data, latents, spec))
-    trainer = RecipeTrainer(cfg, run_dir, init_distributed("cpu"), resume=resume)
+    trainer = Trainer(cfg, run_dir, init_distributed("cpu"), resume=resume)
     trainer.fit()
     return trainer
 
@@ -73,7 +73,8 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 
 def _weights(run_dir: Path) -> dict:
-    from lf_orchestrator.families._state import latest_checkpoint, load_model_weights
+    from lf_orchestrator.checkpoint import latest_checkpoint
+    from lf_orchestrator.families._state import load_model_weights
 
     return load_model_weights(latest_checkpoint(run_dir))
 

@@ -22,11 +22,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from lf_orchestrator.checkpoint import latest_checkpoint
 from lf_orchestrator.cli import app
 from lf_orchestrator.config import load_config
-from lf_orchestrator.families._state import latest_checkpoint, load_model_weights
+from lf_orchestrator.families._state import load_model_weights
 from lf_orchestrator.faults import NonFiniteError, read_faults
-from lf_orchestrator.recipe_trainer import RecipeTrainer
+from lf_orchestrator.train import Trainer
 from lf_parallel import init_distributed
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "llama3_pretrain.toml"
@@ -42,12 +43,12 @@ def corpus_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("corpus")
 
 
-def _trainer(corpus_dir: Path, run_dir: Path, *extra: str, resume: bool = False) -> RecipeTrainer:
+def _trainer(corpus_dir: Path, run_dir: Path, *extra: str, resume: bool = False) -> Trainer:
     cfg = load_config(EXAMPLE, [f"corpus.cache_dir='{corpus_dir}'", *CORPUS, "eval.at_end=false", *extra])
-    return RecipeTrainer(cfg, run_dir, init_distributed("cpu"), resume=resume)
+    return Trainer(cfg, run_dir, init_distributed("cpu"), resume=resume)
 
 
-def _poison(trainer: RecipeTrainer, at_step: int, *, once: bool = False) -> None:
+def _poison(trainer: Trainer, at_step: int, *, once: bool = False) -> None:
     """Make the training loss NaN whenever step ``at_step`` (1-based) runs (only its first attempt with ``once``)."""
     fired = []
 
@@ -59,7 +60,7 @@ def _poison(trainer: RecipeTrainer, at_step: int, *, once: bool = False) -> None
     trainer.loss_module.register_forward_hook(hook)
 
 
-def _weights(trainer: RecipeTrainer) -> dict[str, torch.Tensor]:
+def _weights(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
 
@@ -218,10 +219,10 @@ def test_ctrl_c_to_lf_run_saves_prints_the_resume_command_and_exits_130(corpus_d
 
 TERM_RANK1 = """
 import os, signal, sys
-from lf_orchestrator.recipe_trainer import RecipeTrainer
+from lf_orchestrator.train import Trainer
 from lf_orchestrator.cli import app
 
-_step = RecipeTrainer.train_step
+_step = Trainer.train_step
 
 def _train_step(self):  # rank 1 alone is preempted during step 2
     out = _step(self)
@@ -229,7 +230,7 @@ def _train_step(self):  # rank 1 alone is preempted during step 2
         os.kill(os.getpid(), signal.SIGTERM)
     return out
 
-RecipeTrainer.train_step = _train_step
+Trainer.train_step = _train_step
 sys.argv[0] = "lf"
 app()
 """

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from lf_memory import estimate_memory, plan_recompute
 from lf_orchestrator.cli import app
-from lf_orchestrator.recipe_trainer import RecipeTrainer
+from lf_orchestrator.train import Trainer
 from lf_parallel import init_distributed
 from lf_parallel._stages import trunk_component
 
@@ -52,7 +52,7 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
 
 
-def _budget_between(trainer: RecipeTrainer) -> tuple[float, int, int]:
+def _budget_between(trainer: Trainer) -> tuple[float, int, int]:
     """(budget GiB halfway between the planner's none and full totals, none bytes, full bytes)."""
     graph, plan = trainer.family.graph, trainer.plan
     seq = {trunk_component(graph): trainer.family.seq_len}
@@ -66,7 +66,7 @@ def _run_auto_against_none(config: Path, sets: list[str], tmp_path: Path) -> dic
     from lf_orchestrator.config import load_config
 
     none_dir = tmp_path / "none"
-    trainer = RecipeTrainer(load_config(config, sets), none_dir, init_distributed("cpu"))
+    trainer = Trainer(load_config(config, sets), none_dir, init_distributed("cpu"))
     trainer.fit()
     budget, none, full = _budget_between(trainer)
     assert full < none

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from lf_orchestrator.families._state import latest_checkpoint, load_model_weights, reshard_sampler
+from lf_orchestrator.checkpoint import latest_checkpoint
+from lf_orchestrator.families._state import load_model_weights, reshard_sampler
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "llama3_pretrain.toml"
 STEPS, STOP = 5, 3

@@ -34,12 +34,11 @@ def _tiny_sets(out: Path, data: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def fitted(dataset_dir, tmp_path_factory):
     """(config, dataset, FAST encoder) fitted on the session's tiny dataset."""
-    from lf_orchestrator import assembly
-    from lf_orchestrator.trainer import prepare_dataset
-    from lf_parallel import init_distributed
+    from lf_orchestrator.families._metaworld import open_dataset
+    from lf_orchestrator.families.vla import assembly
 
     cfg = load_config(EXAMPLE, _tiny_sets(tmp_path_factory.mktemp("runs"), dataset_dir))
-    dataset = prepare_dataset(cfg, init_distributed("cpu"))
+    dataset = open_dataset(cfg, generate=True, action_horizon=cfg.data.action_horizon)
     return cfg, dataset, assembly.build_encoder(cfg, dataset)
 
 
@@ -51,7 +50,7 @@ def _samples(dataset, n=12):
 def test_targets_and_loss_mask_match_the_tokenizer(fitted):
     """labels = offset + FastTokenizer.encode(chunk), then EOS, then -100; inputs are the labels shifted right
     with EOS padding; the model's loss is the float64 cross-entropy of exactly those L + 1 positions."""
-    from lf_orchestrator import assembly
+    from lf_orchestrator.families.vla import assembly
 
     cfg, dataset, enc = fitted
     fast, m, offset = enc.action_tokenizer, enc.max_action_tokens, enc.vocab.offset
@@ -123,8 +122,8 @@ def test_invalid_sequences_fall_back_to_zero_actions_and_are_counted(fitted):
 def test_max_action_tokens_below_the_longest_chunk_is_an_error(fitted, dataset_dir, tmp_path):
     """A set max_action_tokens that some training chunk exceeds stops the fit naming the field; a batch whose
     chunk encodes longer than the fixed limit is refused naming it too."""
-    from lf_orchestrator import assembly
-    from lf_orchestrator._fast_actions import FastBatchEncoder
+    from lf_orchestrator.families.vla import assembly
+    from lf_orchestrator.families.vla._fast_actions import FastBatchEncoder
 
     _, dataset, enc = fitted
     cfg = load_config(EXAMPLE, [*_tiny_sets(tmp_path, dataset_dir), "action_tokenizer.max_action_tokens=1"])
@@ -142,7 +141,7 @@ def test_max_action_tokens_below_the_longest_chunk_is_an_error(fitted, dataset_d
 def test_run_folder_round_trip_and_kind_mismatch(fitted, tmp_path):
     """The saved FAST encoder loads back equal; a binning config on a FAST folder (and the reverse file), or a
     layout whose end-of-action id the folder's tokenizers do not reproduce, fails naming the file."""
-    from lf_orchestrator import assembly
+    from lf_orchestrator.families.vla import assembly
 
     cfg, _, enc = fitted
     assembly.save_encoder(enc, tmp_path)
@@ -165,7 +164,7 @@ def test_generate_with_eos_stops_early_as_a_prefix_of_plain_greedy(fitted):
     """Oracle: greedy decoding without ``eos_id``; with it, the output is that output's prefix and every row
     holds the EOS unless all positions were decoded. The binning layout keeps H * A token positions."""
     from lf_ir import vla_config
-    from lf_orchestrator import assembly
+    from lf_orchestrator.families.vla import assembly
 
     cfg, dataset, enc = fitted
     model = assembly.build_model(assembly.model_config(cfg, enc), torch.device("cpu"), 0)

@@ -25,7 +25,7 @@ from lf_orchestrator.faults import NonFiniteError, read_faults
 
 
 def _trainer(tiny_config, tmp_path, *extra):
-    from lf_orchestrator.trainer import Trainer
+    from lf_orchestrator.train import Trainer
     from lf_parallel import init_distributed
 
     cfg = load_config(tiny_config, ["eval.at_end=false", "train.warmup_steps=1", *extra])
@@ -117,7 +117,7 @@ def test_rollback_restores_checkpoint_weights_exactly(tiny_config, tmp_path):
 def test_sigterm_saves_the_current_step_and_stops(tiny_config, tmp_path):
     """SIGTERM at step 4 (checkpoints every 3): the handler saves step 4, fit returns preempted, and a
     resumed run continues from step 4. Oracle: the checkpoint pointer and the resumed trainer's step."""
-    from lf_orchestrator.trainer import Trainer
+    from lf_orchestrator.train import Trainer
     from lf_parallel import init_distributed
 
     trainer = _trainer(tiny_config, tmp_path)

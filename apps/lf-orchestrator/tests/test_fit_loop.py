@@ -1,4 +1,4 @@
-"""The fit loop both trainers share (:func:`lf_orchestrator.fit.fit_loop`) on a scripted trainer without a model.
+"""The fit loop both trainers share (:func:`lf_orchestrator.train.fit.fit_loop`) on a scripted trainer without a model.
 
 Oracle: the contract the VLA and recipe trainers' own loops had before they were merged (their docstrings and
 `lf run`'s exit codes): log lines every ``log_every`` steps and at the last, with the window's throughput; a
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from lf_orchestrator.faults import RolledBack
-from lf_orchestrator.fit import fit_loop, lr_factor
 from lf_orchestrator.metrics import read_metrics
+from lf_orchestrator.train.fit import fit_loop, lr_factor
 
 
 class _Checkpointer:
@@ -119,7 +119,7 @@ def test_lr_factor_warmup_then_cosine():
 
 def test_trained_phrase_names_the_resumed_steps():
     """Oracle: the phrase names exactly the steps the timed process ran."""
-    from lf_orchestrator.fit import trained_phrase
+    from lf_orchestrator.train.fit import trained_phrase
 
     assert trained_phrase({"steps": 1500, "resumed_from": 0, "seconds": 567.6}) == "trained 1500 steps in 568 s"
     assert trained_phrase({"steps": 1500, "resumed_from": 500, "seconds": 412.2}) == (
@@ -129,7 +129,7 @@ def test_trained_phrase_names_the_resumed_steps():
 def test_resumed_phrase_says_nothing_to_train_past_train_steps():
     """Oracle: the checkpoint step vs. train.steps: below it the usual line; at or past it one line saying
     nothing is left to train (never "resumed from step 75 of 12")."""
-    from lf_orchestrator.fit import resumed_phrase
+    from lf_orchestrator.train.fit import resumed_phrase
 
     assert resumed_phrase(5, 12) == "resumed from step 5 of 12"
     assert resumed_phrase(75, 12) == ("the checkpoint is at step 75, past train.steps = 12: nothing to train; "
@@ -142,7 +142,7 @@ def test_too_few_samples_for_a_micro_batch_names_the_fields():
     """Oracle: the sampler's rule (each dp rank needs one full micro-batch): 15 samples, 2 ranks x 8 is refused
     naming train.global_batch and the data selection; 16 samples pass."""
     from lf_orchestrator.config import ConfigError
-    from lf_orchestrator.fit import check_enough_samples
+    from lf_orchestrator.train.fit import check_enough_samples
 
     plan = SimpleNamespace(dp=2, micro_batch=8)
     cfg = SimpleNamespace(train=SimpleNamespace(global_batch=16))

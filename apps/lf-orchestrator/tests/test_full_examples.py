@@ -93,7 +93,7 @@ def test_fit_loop_without_checkpoints_saves_nothing_but_draws_the_curve(tmp_path
     import os
     import signal
 
-    from lf_orchestrator.fit import fit_loop, preempted_phrase
+    from lf_orchestrator.train.fit import fit_loop, preempted_phrase
 
     trainer = _Trainer(tmp_path / "a", steps=4, ckpt_every=0)
     trainer.run_dir.mkdir()
@@ -113,7 +113,7 @@ def test_fit_loop_without_checkpoints_saves_nothing_but_draws_the_curve(tmp_path
 def test_fit_images_resizes_like_torch_and_keeps_constant_images():
     """64 -> 224: equals torch's antialiased bilinear interpolation of the float image, rounded; a constant
     image stays exactly constant; a batch of the model's size comes back unchanged (the same tensor)."""
-    from lf_orchestrator.assembly import fit_images
+    from lf_orchestrator.families.vla.assembly import fit_images
 
     g = torch.Generator().manual_seed(0)
     image = torch.randint(0, 256, (2, 64, 64, 3), generator=g, dtype=torch.uint8)

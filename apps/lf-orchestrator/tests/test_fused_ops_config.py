@@ -66,8 +66,8 @@ def test_vla_plan_json_counts_the_fused_modules(tiny_config, tmp_path):
     in the same VLA rebuilt from the run's model.json; the run trains (CPU: the ops' PyTorch references)."""
     from typer.testing import CliRunner
 
-    from lf_orchestrator import assembly
     from lf_orchestrator.cli import app
+    from lf_orchestrator.families.vla import assembly
 
     run_dir = tmp_path / "vla"
     out = CliRunner().invoke(app, ["run", str(tiny_config), "--run-dir", str(run_dir), "--set", "model.fused_ops=true",

@@ -11,8 +11,6 @@ from lf_data import METAWORLD_INSTRUCTIONS, LeRobotDataset, write_lerobot_v3
 from lf_orchestrator.cli import app
 from lf_orchestrator.config import ConfigError, load_config
 from lf_orchestrator.families._metaworld import dataset_selection, open_dataset
-from lf_orchestrator.trainer import prepare_dataset
-from lf_parallel import init_distributed
 
 REACH, PUSH = METAWORLD_INSTRUCTIONS["reach-v3"], METAWORLD_INSTRUCTIONS["push-v3"]
 TASKS = [REACH, PUSH, "wave at the camera"]
@@ -45,13 +43,13 @@ def _episodes(ds) -> list[tuple[int, int, str]]:
 
 def test_tasks_and_max_steps_select_episodes_for_the_trainer_and_families(tiny_config, lerobot_dir):
     """A Meta-World name stands for its instruction, a dataset task string for itself; episodes keep their first
-    data.max_steps = 6 frames; the VLA trainer (prepare_dataset), the families (open_dataset) and the BC baseline
-    (dataset_selection) read the same episodes, and the last kept frame's action chunk is padded at the cut."""
+    data.max_steps = 6 frames; the VLA family (open_dataset with its action horizon), the other families
+    (open_dataset) and the BC baseline (dataset_selection) read the same episodes, and the last kept frame's action chunk is padded at the cut."""
     cfg = _cfg(tiny_config, lerobot_dir, "data.tasks=['reach-v3', 'wave at the camera']", "data.max_steps=6",
                "data.action_horizon=2")
     assert dataset_selection(cfg) == {"tasks": [REACH, "wave at the camera"], "max_frames": 6}
     want = [(e, min(n, 6), TASKS[e % 3]) for e, n in enumerate(LENGTHS) if e % 3 != 1]
-    vla = prepare_dataset(cfg, init_distributed("cpu"))
+    vla = open_dataset(cfg, generate=False, action_horizon=cfg.data.action_horizon)
     assert _episodes(vla) == want == _episodes(open_dataset(cfg, generate=False))
     assert vla.tasks == TASKS  # indices (and the instruction vocabulary) stay the dataset's
     whole = LeRobotDataset(lerobot_dir, action_horizon=2)
@@ -99,7 +97,7 @@ def test_star_selects_every_task_of_the_dataset(tiny_config, lerobot_dir):
 def test_lf_eval_of_a_star_run_rolls_out_the_datasets_meta_world_tasks(tiny_config, lerobot_dir, dataset_dir):
     """`lf eval` of a data.tasks = ['*'] run: a dataset of Meta-World instructions gives their task names; one with
     another task ('wave at the camera') is refused naming it; --tasks wins over data.tasks."""
-    from lf_orchestrator.evaluate import eval_tasks
+    from lf_orchestrator.families.vla.evaluate import eval_tasks
 
     assert eval_tasks(_cfg(tiny_config, dataset_dir, "data.tasks=['*']")) == ["reach-v3"]
     with pytest.raises(ValueError, match="not Meta-World instructions \\('wave at the camera', ...\\)"):

@@ -74,7 +74,7 @@ def test_lf_run_trains_checkpoints_and_evaluates(tiny_config):
 @pytest.mark.parametrize("mode", ["full", "selective", "every_k"])
 def test_recompute_modes_train_identically(tiny_config, tmp_path, mode):
     """Oracle: the same run without recomputation; recomputation changes memory, not numbers."""
-    from lf_orchestrator.trainer import Trainer
+    from lf_orchestrator.train import Trainer
     from lf_parallel import init_distributed
 
     ctx = init_distributed("cpu")
@@ -85,8 +85,8 @@ def test_recompute_modes_train_identically(tiny_config, tmp_path, mode):
         run_dir = tmp_path / m
         run_dir.mkdir()
         trainer = Trainer(cfg, run_dir, ctx)
-        assert len(trainer.recomputed) == (0 if m == "none" else
-                                           len(trainer.model.blocks) if m != "every_k" else 2)
+        assert len(trainer.plan_info["recomputed_blocks"]) == (0 if m == "none" else len(trainer.model.blocks)
+                                                               if m != "every_k" else 2)
         trainer.fit()
         losses[m] = _losses(run_dir)
     assert losses["none"] == losses[mode]
@@ -94,12 +94,13 @@ def test_recompute_modes_train_identically(tiny_config, tmp_path, mode):
 
 def test_auto_recompute_and_offload_train_identically(tiny_config, tmp_path, monkeypatch):
     """Oracle: the same run without recomputation or offload. The budget is set half-way between the
-    activation bytes of all-full and of no recomputation (lf-memory's planner costs on the CPU rules, what the
-    trainer plans with on a CPU device), so the plan mixes; on a CUDA device the trainer plans with
-    ``kernels="cuda"`` (the keyword the trainer passes the planner, checked per device)."""
-    from lf_memory._planner import plan_recompute
+    activation bytes of all-full and of no recomputation (lf-memory's planner on the CPU rules, with the
+    backbone's key-padding mask, what the trainer plans with on a CPU device), above what the plan holds besides
+    activations (lf-memory's estimate), so the plan mixes."""
+    import lf_orchestrator.families._recompute as recompute_mod
+    from lf_memory import estimate_memory, plan_recompute
     from lf_orchestrator.config import ConfigError
-    from lf_orchestrator.trainer import Trainer, make_recompute_plan
+    from lf_orchestrator.train import Trainer
     from lf_parallel import init_distributed
 
     ctx = init_distributed("cpu")
@@ -108,27 +109,23 @@ def test_auto_recompute_and_offload_train_identically(tiny_config, tmp_path, mon
         load_config(tiny_config, [*base, "memory.recompute='auto'"])
     (tmp_path / "none").mkdir()
     ref = Trainer(load_config(tiny_config, base), tmp_path / "none", ctx)
-    graph, mb = ref.model.graph, ref.plan.micro_batch
-    bytes_of = [plan_recompute(graph, 2**50, mb, None, 4, key_padding={"backbone"}, options=opts,
-                               kernels="cpu").saved_bytes for opts in (("full",), ("none", "full"))]
-    params = sum(p.numel() for p in ref.model.parameters())
-    gib = (16 * params + sum(bytes_of) / 2) / 2**30
+    graph, plan, seq = ref.family.graph, ref.plan, ref.family.seq_len
+    bytes_of = [plan_recompute(graph, 2**50, plan.micro_batch, {"backbone": seq}, 4, key_padding={"backbone"},
+                               options=opts, kernels="cpu").saved_bytes for opts in (("full",), ("none", "full"))]
+    states = estimate_memory(graph, plan, seq=seq, precision="fp32", recompute="full", kernels="cpu")
+    gib = (states.backward_peak - states.activations + sum(bytes_of) / 2) / 2**30
     ref.fit()
     cfg = load_config(tiny_config, [*base, "memory.recompute='auto'", f"memory.budget_gib={gib!r}",
                                     "memory.offload=true"])
     (tmp_path / "auto").mkdir()
+    seen = []  # the planner's byte rules follow the run's device: the CPU rules here
+    monkeypatch.setattr(recompute_mod, "plan_recompute", lambda *a, **kw: seen.append(
+        (kw["kernels"], kw["key_padding"])) or plan_recompute(*a, **kw))
     trainer = Trainer(cfg, tmp_path / "auto", ctx)
-    assert trainer.recompute_plan.fits and 0 < len(trainer.recomputed) <= len(trainer.model.blocks)
+    assert seen == [("cpu", frozenset({"backbone"}))]
+    recomputed = trainer.plan_info["recomputed_blocks"]
+    assert trainer.recompute_plan.fits and 0 < len(recomputed) <= len(trainer.model.blocks)
     assert set(trainer.recompute_plan.block_options()) != {"full"}
-    # the plan's bytes follow the run's device: the CPU rules here, fused RMSNorm (kernels="cuda") on a GPU
-    import lf_orchestrator.trainer as trainer_mod
-
-    seen = []
-    monkeypatch.setattr(trainer_mod, "plan_recompute", lambda *a, **kw: seen.append(kw["kernels"]) or
-                        plan_recompute(*a, **kw))
-    for device in ("cpu", "cuda", None):  # None: the model's device (the CPU here)
-        make_recompute_plan(cfg, trainer.model, mb, trainer.precision, device)
-    assert seen == ["cpu", "cuda", "cpu"]
     trainer.fit()
     assert _losses(tmp_path / "none") == _losses(tmp_path / "auto")
 
@@ -137,7 +134,7 @@ def test_auto_recompute_and_offload_train_identically(tiny_config, tmp_path, mon
 def test_resume_continues_exactly(tiny_config, tmp_path, kind):
     """Stop after step 4 (checkpoint at 3), resume: steps 4..6 equal the uninterrupted run (binning and FAST
     action tokens: the resumed run reloads the fitted tokenizer from the run folder)."""
-    from lf_orchestrator.trainer import Trainer
+    from lf_orchestrator.train import Trainer
     from lf_parallel import init_distributed
 
     cfg = load_config(tiny_config, ["eval.at_end=false", f"action_tokenizer.kind='{kind}'"])
@@ -199,7 +196,7 @@ def test_fp16_survives_an_injected_inf_gradient(tiny_config, tmp_path):
     Oracle: Micikevicius et al. 2018's rule as implemented by torch.amp.GradScaler (backoff 0.5)."""
     import torch
 
-    from lf_orchestrator.trainer import Trainer
+    from lf_orchestrator.train import Trainer
     from lf_parallel import init_distributed
 
     cfg = load_config(tiny_config, ["eval.at_end=false", "train.steps=4", "train.warmup_steps=1",

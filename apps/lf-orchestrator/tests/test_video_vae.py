@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from lf_orchestrator.cli import app
 from lf_orchestrator.config import ConfigError, load_config, to_toml
-from lf_orchestrator.recipe_trainer import RecipeTrainer
+from lf_orchestrator.train import Trainer
 from lf_parallel import init_distributed
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -41,7 +41,7 @@ def vae(dataset_dir, tmp_path_factory) -> SimpleNamespace:
         "train.lr=3e-3", "train.log_every=1", "vae.eval_clips=4", "vae.eval_fraction=0.34"])
     run_dir.mkdir(parents=True)
     (run_dir / "config.toml").write_text(to_toml(cfg))  # what `lf run` writes
-    trainer = RecipeTrainer(cfg, run_dir, init_distributed("cpu"))
+    trainer = Trainer(cfg, run_dir, init_distributed("cpu"))
     before = trainer.evaluate()
     summary = trainer.fit()
     return SimpleNamespace(dir=run_dir, before=before, summary=summary,
@@ -84,9 +84,9 @@ def test_dit_run_encodes_with_the_trained_vae_and_lf_sample_uses_it(vae, dataset
     random_cfg = _dit(dataset_dir, tmp_path)
     trained_cfg = _dit(dataset_dir, tmp_path, f"video.vae_weights='{vae_run}'")
     ctx = init_distributed("cpu")
-    random_trainer = RecipeTrainer(random_cfg, tmp_path / "random", ctx)
+    random_trainer = Trainer(random_cfg, tmp_path / "random", ctx)
     run_dir = tmp_path / "trained"
-    trainer = RecipeTrainer(trained_cfg, run_dir, ctx)
+    trainer = Trainer(trained_cfg, run_dir, ctx)
     assert trainer.family.latents.shape == random_trainer.family.latents.shape
     assert not torch.allclose(trainer.family.latents, random_trainer.family.latents, atol=1e-2)
     per_channel = trainer.family.latents.transpose(0, 1).flatten(1)

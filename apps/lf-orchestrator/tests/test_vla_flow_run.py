@@ -56,14 +56,15 @@ def test_flow_loss_falls_and_policy_acts_in_action_units(tiny_config, tmp_path):
     samples times the dataset std plus its mean."""
     import torch
 
-    from lf_orchestrator.evaluate import VLAPolicy
-    from lf_orchestrator.trainer import Trainer
+    from lf_orchestrator.families.vla.evaluate import VLAPolicy
+    from lf_orchestrator.train import Trainer
     from lf_parallel import init_distributed
 
     cfg = load_config(tiny_config, [*FLOW, "eval.at_end=false", "train.steps=100", "train.warmup_steps=1",
                                     "train.ckpt_every=100"])
     trainer = Trainer(cfg, tmp_path, init_distributed("cpu"))
-    fixed = trainer.encoder.collate([trainer.dataset[i] for i in range(0, len(trainer.dataset), 3)])
+    family = trainer.family
+    fixed = family.encoder.collate([family.dataset[i] for i in range(0, len(family.dataset), 3)])
     fixed["sample_seed"] = torch.arange(len(fixed["state"]))
 
     def fixed_loss() -> float:
@@ -75,7 +76,7 @@ def test_flow_loss_falls_and_policy_acts_in_action_units(tiny_config, tmp_path):
     after = fixed_loss()
     assert math.isfinite(after) and after < 0.9 * before, (before, after)  # measured: 1.71 -> 1.33
     policy = VLAPolicy.from_run(tmp_path, torch.device("cpu"), cfg)
-    sample = trainer.dataset[0]
+    sample = family.dataset[0]
     chunk = policy.act(np.stack([sample["image"]] * 2), np.stack([sample["state"]] * 2), [sample["task"]] * 2)
     assert chunk.shape == (2, 2, 4) and chunk.dtype == np.float64
     enc = policy.encoder
@@ -83,13 +84,13 @@ def test_flow_loss_falls_and_policy_acts_in_action_units(tiny_config, tmp_path):
     obs = enc.observation(np.stack([sample["image"]] * 2), np.stack([sample["state"]] * 2), [sample["task"]] * 2)
     normalized = again.model.sample_actions(*obs.values(), generator=torch.Generator().manual_seed(cfg.eval.seed))
     np.testing.assert_allclose(chunk, normalized.double().numpy() * enc.action_std + enc.action_mean, rtol=1e-6)
-    stats = trainer.dataset.stats["action"]
+    stats = family.dataset.stats["action"]
     np.testing.assert_allclose(enc.action_mean, stats["mean"], rtol=1e-6)
 
 
 def test_vla_flow_resume_and_recompute_are_exact(tiny_config, tmp_path):
     """Oracle: the uninterrupted run without recomputation; a resumed run and a fully recomputing run match it."""
-    from lf_orchestrator.trainer import Trainer
+    from lf_orchestrator.train import Trainer
     from lf_parallel import init_distributed
 
     ctx = init_distributed("cpu")
@@ -113,7 +114,7 @@ def test_vla_flow_resume_and_recompute_are_exact(tiny_config, tmp_path):
     resumed.fit()
     recompute = Trainer(load_config(tiny_config, [*FLOW, "eval.at_end=false", "memory.recompute='full'"]),
                         dirs["recompute"], ctx)
-    assert recompute.recomputed == list(range(len(recompute.model.blocks)))
+    assert recompute.plan_info["recomputed_blocks"] == list(range(len(recompute.model.blocks)))
     recompute.fit()
     full = _losses(dirs["full"])
     assert sorted(full) == list(range(1, 7))

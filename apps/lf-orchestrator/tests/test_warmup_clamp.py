@@ -1,7 +1,7 @@
 """``--set train.steps=N`` below the config's ``train.warmup_steps`` (issue 25: the default's 100 warm-up steps
 refused ``--set train.steps=20``): warm-up is clamped to the steps with a note naming both keys, and the run's
 config.toml records the clamped value, which a resumed run keeps. Oracles: the written config.toml, the logged
-learning rates against :func:`lf_orchestrator.fit.lr_factor` with the clamped warm-up."""
+learning rates against :func:`lf_orchestrator.train.fit.lr_factor` with the clamped warm-up."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from lf_orchestrator.cli import app
 from lf_orchestrator.config import load_config
-from lf_orchestrator.fit import lr_factor
+from lf_orchestrator.train.fit import lr_factor
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 pytestmark = pytest.mark.usefixtures("one_thread")

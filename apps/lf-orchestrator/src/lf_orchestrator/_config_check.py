@@ -108,38 +108,8 @@ def _check_tasks(cfg: Config, where: str) -> None:
 
 
 def _check_model(cfg: Config, where: str) -> None:
-    """Build the recipe config (no torch) so bad sizes and overrides fail before any work."""
-    import msgspec as _msgspec
+    """The recipe's family checks its sections and builds the recipe config (no torch), so bad sizes and overrides
+    fail before any work."""
+    from lf_orchestrator.families import check_family
 
-    from lf_orchestrator.config import ActionTokenizerSection
-    from lf_orchestrator.families import FAMILY_RECIPES, check_family
-
-    m = cfg.model
-    if m.recipe in FAMILY_RECIPES:
-        return check_family(cfg, where)
-    if m.recipe == "vla_flow":
-        from lf_ir.recipes._vla_flow_graph import SIZES, build_graph
-        from lf_ir.recipes._vla_flow_graph import VLAFlowConfig as RecipeConfig
-
-        if cfg.action_tokenizer != ActionTokenizerSection():
-            raise ConfigError(f"{where}: action_tokenizer: does not apply to model.recipe = 'vla_flow' (its actions "
-                              f"are continuous, normalized by the dataset mean/std); remove the section")
-    else:
-        from lf_ir.recipes.vla import SIZES, build_graph
-        from lf_ir.recipes.vla import VLAConfig as RecipeConfig
-    if m.size not in SIZES:
-        raise ConfigError(f"{where}: model.size: expected one of {sorted(SIZES)}, got {m.size!r} "
-                          f"(sizes of recipe {m.recipe!r})")
-    from lf_orchestrator.families.recipes import OverrideError, recipe_overrides
-
-    try:
-        overrides = recipe_overrides(RecipeConfig, m.overrides, m.recipe)
-    except OverrideError as err:
-        raise ConfigError(f"{where}: {err}") from None
-    if m.recipe == "vla" and "action_tokens" in m.overrides:
-        raise ConfigError(f"{where}: model.overrides: 'action_tokens' is set by the action tokenizer "
-                          f"(binning: horizon x dims; FAST: action_tokenizer.max_action_tokens + 1); remove it")
-    try:
-        build_graph(RecipeConfig(**{**SIZES[m.size], **overrides}))
-    except (ValueError, TypeError, _msgspec.ValidationError) as err:
-        raise ConfigError(f"{where}: model: {err}") from None
+    check_family(cfg, where)

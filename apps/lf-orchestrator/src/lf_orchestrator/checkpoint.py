@@ -2,7 +2,7 @@
 
 Training state is written by :class:`lf_orchestrator.families._state.FamilyCheckpointer` for every
 trainer (sharded DCP folders, atomic, keep-last-k, optionally asynchronous; see that module for the
-layout and :mod:`lf_orchestrator.train_state` for what goes with the shards)::
+layout and :mod:`lf_orchestrator.train.state` for what goes with the shards)::
 
     checkpoints/step-00000500/.metadata, __<rank>_0.distcp   model + optimizer shards (DCP)
     checkpoints/step-00000500/train_state.pt                 schedule, scaler, samplers, RNG, step, plan

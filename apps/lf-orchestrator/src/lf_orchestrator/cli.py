@@ -15,16 +15,14 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from lf_orchestrator import __version__
 from lf_orchestrator._console import make_console
-from lf_orchestrator._cpu_numerics import cpu_numerics, pin_cpu_isa
+from lf_orchestrator._cpu_numerics import pin_cpu_isa
 from lf_orchestrator._options import SetOpt
 from lf_orchestrator.config import DEFAULT_NAME, ConfigError, check_resume_overrides, json_schema, load_config, to_toml
 from lf_orchestrator.convert_cmd import convert_app
 from lf_orchestrator.data_cmd import data_app
-from lf_orchestrator.families import FAMILY_RECIPES
 from lf_orchestrator.ir_cmd import ir_app
 from lf_orchestrator.launch_cmd import launch
 from lf_orchestrator.memory_cmd import memory_cmd
@@ -80,26 +78,6 @@ def _threads(n: int) -> None:
     import torch
 
     torch.set_num_threads(n or os.cpu_count() or 1)
-
-
-def print_eval(report: dict) -> None:
-    """The success table of an evaluation report."""
-    table = Table(title="Closed-loop success (Meta-World)")
-    bc = any("bc_mlp_success" in row for row in report["tasks"])
-    for col in ("task", "episodes", "VLA", "random policy") + (("BC MLP",) if bc else ()):
-        table.add_column(col, justify="right" if col != "task" else "left")
-
-    def pct(value) -> str:
-        return "-" if value is None else f"{100 * value:.0f}%"
-
-    for row in report["tasks"]:
-        cells = [row["task"], str(row["episodes"]), pct(row["vla_success"]), pct(row.get("random_success"))]
-        table.add_row(*cells, *((pct(row.get("bc_mlp_success")),) if bc else ()))
-    if "invalid_action_chunks" in report:  # FAST: sequences that decoded to no chunk (zero actions instead)
-        chunks = sum(row.get("action_chunks", 0) for row in report["tasks"])
-        table.caption = f"VLA action chunks that did not decode (zero actions instead): " \
-                        f"{report['invalid_action_chunks']} of {chunks}"
-    make_console().print(table)
 
 
 class TuneMode(StrEnum):
@@ -170,16 +148,9 @@ def run(config: Annotated[Optional[Path], typer.Argument(
                     made = missing_dirs(Path(cfg.run.out_dir)) if ctx.is_main else []
                     run_dir = folder.claim(new_run_dir(cfg, ctx), created=True)
                     folder.made_parents += made
-                if cfg.model.recipe in FAMILY_RECIPES:  # llm / vlm / video: the recipe trainer
-                    from lf_orchestrator.run_family import run_family
+                from lf_orchestrator.train.run import run_family
 
-                    run_family(cfg, ctx, resume, run_dir, console)
-                else:
-                    if cfg.parallel.tune == "measure":
-                        raise ConfigError(f"parallel.tune = 'measure': model.recipe {cfg.model.recipe!r} trains "
-                                          "data parallel only (the VLA trainer); tuning by measurement runs for "
-                                          f"the recipes {', '.join(sorted(FAMILY_RECIPES))}")
-                    _train_and_eval(cfg, ctx, resume, run_dir)
+                run_family(cfg, ctx, resume, run_dir, console)
         except ConfigError as err:  # found while running: name the config file as load_config's errors do
             source = str(resume / "config.toml") if resume is not None else str(config or f"<default {DEFAULT_NAME}>")
             _fail(str(err) if str(err).startswith(source) else f"{source}: {err}")
@@ -215,68 +186,6 @@ def _resume_point(run_dir: Path, ctx) -> Optional[Path]:
 
         dist.broadcast_object_list(found, src=0)
     return run_dir if found[0] else None
-
-
-def _fused_count(cfg, model) -> dict:
-    """``{"fused_ops": modules switched}`` with ``model.fused_ops`` (what plan.json records), else ``{}``."""
-    if not cfg.model.fused_ops:
-        return {}
-    from lf_ir._fused import fused_modules
-
-    return {"fused_ops": sum(m.fused for m in fused_modules(model))}
-
-
-def _train_and_eval(cfg, ctx, resume: Optional[Path], run_dir: Optional[Path] = None) -> None:
-    from lf_orchestrator.checkpoint import write_text_atomic
-    from lf_orchestrator.fit import resumed_phrase
-    from lf_orchestrator.progress import TrainProgress
-    from lf_orchestrator.run_folder import absolute_paths, announce_run_folder, start_run_folder
-    from lf_orchestrator.trainer import Trainer
-
-    cfg = absolute_paths(cfg)  # so a resumed or evaluated run finds its files from any folder
-    run_dir = start_run_folder(cfg, ctx, resume, run_dir, console)
-    # a rich bar on a terminal, plain lines every train.log_every steps when the output is redirected
-    with TrainProgress(console, enabled=ctx.is_main, log_every=cfg.train.log_every) as progress:
-        trainer = Trainer(cfg, run_dir, ctx, resume=resume is not None, data_progress=progress.data)
-        announce_run_folder(run_dir, ctx, console)
-        if ctx.is_main and resume is not None:  # the checkpoint loaded: keep the overrides
-            write_text_atomic(run_dir / "config.toml", to_toml(cfg))
-            console.print(resumed_phrase(trainer.step, cfg.train.steps))
-            if trainer.resharded:
-                console.print(trainer.resharded, highlight=False)
-        if trainer.step >= cfg.train.steps:  # after a resume, resumed_phrase said so
-            if ctx.is_main and resume is None:
-                console.print("the run is already finished; raise train.steps with --set to continue")
-            return
-        if ctx.is_main:
-            write_text_atomic(run_dir / "plan.json", json.dumps(
-                {"plan": trainer.plan.describe(), "world_size": ctx.world_size,
-                 "device": str(ctx.device), "precision": str(trainer.precision.compute_dtype),
-                 "recomputed_blocks": trainer.recomputed, **_fused_count(cfg, trainer.model),
-                 "cpu_numerics": cpu_numerics()}))
-            console.print(f"plan: {trainer.plan.describe()} on {ctx.device}, "
-                          f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters")
-        progress.start(cfg.train.steps, trainer.step)
-        summary = trainer.fit(progress.step)
-    if summary.get("preempted"):
-        if ctx.is_main:
-            from lf_orchestrator.fit import preempted_phrase
-
-            console.print(preempted_phrase(summary, run_dir, cfg.train.ckpt_every))
-        raise typer.Exit(summary.get("exit_code", PREEMPTED_EXIT))
-    if not ctx.is_main:
-        return
-    write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=1))
-    from lf_orchestrator.fit import trained_phrase
-
-    console.print(f"{trained_phrase(summary)}; "
-                  f"loss curve: {run_dir / 'loss_curve.png'}")
-    if cfg.eval.at_end and cfg.data.source == "metaworld":
-        from lf_orchestrator.evaluate import evaluate_run
-        from lf_orchestrator.progress import LineReporter
-
-        console.print("evaluating closed-loop in Meta-World ...")
-        print_eval(evaluate_run(run_dir, device=ctx.device, report=LineReporter(console)))
 
 
 @app.command("eval")
@@ -336,7 +245,7 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
               f"{recipe} runs evaluate during training (eval/* in metrics.jsonl)"
               + ("; `lf sample` makes clips" if recipe == "wan_dit" else ""))
     _threads(cfg.run.threads if "run.threads" in keys else 0)
-    from lf_orchestrator.evaluate import evaluate_run
+    from lf_orchestrator.families.vla.evaluate import evaluate_run
     from lf_orchestrator.progress import LineReporter
     from lf_parallel import resolve_device
 
@@ -354,6 +263,8 @@ def eval_cmd(run_dir: Annotated[Path, typer.Argument(help="A run folder made by 
                               bc_budget=bc_budget, report=LineReporter(console))
     except (FileNotFoundError, ConfigError, ValueError) as err:
         _fail(str(err))
+    from lf_orchestrator.families.vla.report import print_eval
+
     print_eval(report)
     if "bc_mlp" in report:
         bc = report["bc_mlp"]

@@ -141,19 +141,12 @@ def _check_manual_plan(cfg, config: Path, nodes: int, procs_per_node: int) -> No
     """
     if cfg.parallel.plan != "manual":
         return
-    from lf_orchestrator.families import FAMILY_RECIPES
-    from lf_parallel import Plan, PlanError, check_plan
+    from lf_orchestrator.families._plan import manual_plan
+    from lf_parallel import PlanError, check_plan
 
     world = nodes * procs_per_node
     try:
-        if cfg.model.recipe in FAMILY_RECIPES:
-            from lf_orchestrator.families._plan import manual_plan
-
-            plan = manual_plan(cfg)
-        else:  # the VLA trainer: data parallel only (trainer.make_plan)
-            p = cfg.parallel
-            plan = Plan(dp=p.dp, micro_batch=p.micro_batch, grad_accum=p.grad_accum)
-        check_plan(plan, world_size=world, global_batch=cfg.train.global_batch)
+        check_plan(manual_plan(cfg), world_size=world, global_batch=cfg.train.global_batch)
     except PlanError as err:
         raise LaunchError(f"{config}: {err} (the job has {nodes} node(s) x {procs_per_node} processes = "
                           f"{world})") from None

@@ -56,18 +56,12 @@ RecomputeOpt = Annotated[Optional[Literal["none", "selective", "full", "every_k"
 def _plan(cfg, graph, spec: Optional[str], gpus: Optional[int], gpu: str, gpus_per_node, inter: float,
           tokens: int, precision: str):
     """(checked plan, global batch, cluster) of the command line and run config (see the module docstring)."""
-    from lf_orchestrator.families import FAMILY_RECIPES
     from lf_orchestrator.families._plan import auto_plan, manual_plan, spec_plan
-    from lf_parallel import Plan, check_plan, choose_plan
+    from lf_parallel import check_plan
     from lf_parallel._plan import PlanError, parse_plan
 
     if spec is not None:
         plan = spec_plan(spec, cfg, precision=precision) if cfg else parse_plan(spec, precision=precision)
-    elif cfg is not None and cfg.model.recipe not in FAMILY_RECIPES:  # the VLA trainer: data parallel only
-        p = cfg.parallel
-        plan = (choose_plan(world_size=gpus or 1, global_batch=cfg.train.global_batch, max_micro_batch=p.micro_batch)
-                if p.plan == "auto" else Plan(dp=p.dp, micro_batch=p.micro_batch, grad_accum=p.grad_accum))
-        plan = msgspec.structs.replace(plan, precision=precision)
     elif cfg is not None and cfg.parallel.plan == "manual":
         plan = manual_plan(cfg, precision=precision)
         if gpus is not None and gpus != plan.world_size:

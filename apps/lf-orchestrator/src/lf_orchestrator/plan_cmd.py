@@ -195,13 +195,8 @@ def _cost_row(cand) -> dict:
 
 
 def _runnable(cfg, graph, tokens: int):
-    """With a run config of a recipe-trainer family: plan -> why ``lf run`` cannot run it (None: it can);
-    else None (no column)."""
+    """With a run config: plan -> why ``lf run`` cannot run it (None: it can); without one None (no column)."""
     if cfg is None:
-        return None
-    from lf_orchestrator.families import FAMILY_RECIPES
-
-    if cfg.model.recipe not in FAMILY_RECIPES:
         return None
     from lf_orchestrator.families._plan import trainer_unsupported
 

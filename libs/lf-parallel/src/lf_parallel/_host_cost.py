@@ -88,6 +88,9 @@ def _inputs(node, module, x):
         dtype = torch.float32 if type(att.rope).__name__ == "VisionRoPE" else torch.bfloat16
         table = torch.randn(1, _TOKENS, head_dim, dtype=dtype)
         return (), {"cos_sin": (table, table)}
+    if kind == "JointAttentionBlock":  # vla_flow: the prefix stream (x), the action suffix, the prefix padding
+        suffix = torch.randn(1, node.suffix_len, node.expert_dim, requires_grad=True)
+        return (suffix, torch.ones(1, _TOKENS, dtype=torch.bool)), {}
     if kind == "DiTBlock":
         table = torch.randn(1, _TOKENS, 1, head_dim)
         return (torch.randn(1, _TOKENS, node.dim), torch.randn(1, 6, node.dim), (table, table)), {}
@@ -127,7 +130,8 @@ def count_block_launches(node, recompute: str = "none") -> tuple[int, int, int]:
             fwd, bwd = _counter(), _counter()
             with torch.autocast("cpu", dtype=torch.bfloat16), fwd:
                 out = wrapped[0](x, *args, **kwargs)
-            loss = out.float().sum()
+            outs = out if isinstance(out, tuple) else (out,)  # a joint block returns both streams
+            loss = sum(o.float().sum() for o in outs if o is not None)
             with bwd:
                 loss.backward()
         return fwd.n, bwd.n

@@ -19,7 +19,7 @@ def check_family_config(cfg, where: str) -> None:
     """Recipe size/overrides, the family section and the LoRA / plan fields; ConfigError naming the key."""
     from lf_orchestrator.config import ConfigError
 
-    t, m = cfg.train, cfg.model
+    m = cfg.model
     from lf_orchestrator.families.recipes import OverrideError
 
     try:
@@ -28,26 +28,7 @@ def check_family_config(cfg, where: str) -> None:
         raise ConfigError(f"{where}: {err}") from None
     except (ValueError, TypeError, msgspec.ValidationError) as err:
         raise ConfigError(f"{where}: model: {err}") from None
-    if t.lora_rank < 0:
-        _fail(where, "train.lora_rank", "an integer >= 0 (0 = off)", t.lora_rank)
-    if t.lora_rank and not t.lora_targets:
-        _fail(where, "train.lora_targets", "at least one pattern with train.lora_rank > 0", t.lora_targets)
-    if cfg.parallel.spec:
-        from lf_orchestrator.families._context import cp_unsupported, with_cp_kind
-        from lf_parallel import PlanError, parse_plan
-
-        if cfg.parallel.plan != "manual":
-            _fail(where, "parallel.plan", '"manual" with parallel.spec', cfg.parallel.plan)
-        try:
-            plan = with_cp_kind(parse_plan(cfg.parallel.spec), cfg.parallel.spec, cfg.parallel.cp_kind)
-        except PlanError as err:
-            from lf_orchestrator._config_errors import explain_enum
-            from lf_parallel import Plan
-
-            raise ConfigError(f"{where}: parallel.spec: {explain_enum(str(err), Plan)}") from None
-        why = cp_unsupported(plan, m.recipe)
-        if why:
-            raise ConfigError(f"{where}: parallel.spec = {cfg.parallel.spec!r}: {why}")
+    check_train_plan_fields(cfg, where)
     if m.recipe == "llama3":
         c = cfg.corpus
         for key, value, low in (("corpus.max_chars", c.max_chars, 1000), ("corpus.seq_len", c.seq_len, 8),
@@ -150,3 +131,32 @@ def _check_video(cfg, rcfg, where: str) -> None:
         _fail(where, "video.cfg_dropout", "a number in [0, 1)", v.cfg_dropout)
     if not v.shift > 0:
         _fail(where, "video.shift", "a number > 0", v.shift)
+
+
+def check_train_plan_fields(cfg, where: str) -> None:
+    """The LoRA fields and ``parallel.spec`` (parsed; context parallel only where the recipe has it), for every
+    family; ConfigError naming the key."""
+    from lf_orchestrator.config import ConfigError
+
+    t, m = cfg.train, cfg.model
+    if t.lora_rank < 0:
+        _fail(where, "train.lora_rank", "an integer >= 0 (0 = off)", t.lora_rank)
+    if t.lora_rank and not t.lora_targets:
+        _fail(where, "train.lora_targets", "at least one pattern with train.lora_rank > 0", t.lora_targets)
+    if cfg.parallel.spec:
+        from lf_orchestrator.families._context import cp_unsupported, with_cp_kind
+        from lf_parallel import PlanError, parse_plan
+
+        if cfg.parallel.plan != "manual":
+            _fail(where, "parallel.plan", '"manual" with parallel.spec', cfg.parallel.plan)
+        try:
+            plan = with_cp_kind(parse_plan(cfg.parallel.spec), cfg.parallel.spec, cfg.parallel.cp_kind)
+        except PlanError as err:
+            from lf_orchestrator._config_errors import explain_enum
+            from lf_parallel import Plan
+
+            raise ConfigError(f"{where}: parallel.spec: {explain_enum(str(err), Plan)}") from None
+        why = cp_unsupported(plan, m.recipe)
+        if why:
+            raise ConfigError(f"{where}: parallel.spec = {cfg.parallel.spec!r}: {why}")
+

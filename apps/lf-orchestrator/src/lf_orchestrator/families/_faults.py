@@ -67,7 +67,7 @@ def check_finite_weights(module: nn.Module, ctx: DistContext, step: int, run_dir
 
 
 class RunGuard:
-    """SIGTERM / SIGINT flag and hang watchdog of one :func:`lf_orchestrator.fit.fit_loop` call (a context
+    """SIGTERM / SIGINT flag and hang watchdog of one :func:`lf_orchestrator.train.fit.fit_loop` call (a context
     manager).
 
     Args:

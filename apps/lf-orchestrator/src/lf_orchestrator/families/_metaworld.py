@@ -1,13 +1,14 @@
-"""The Meta-World demonstrations the vlm and video families read (generated on rank 0 when absent)."""
+"""The Meta-World demonstrations the vla, vlm and video families read (generated on rank 0 when absent)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 
-def open_dataset(cfg, generate: bool):
-    """``lf_data.LeRobotDataset`` of ``data.path``; with ``generate`` (rank 0) and ``data.source = "metaworld"``
-    the expert demonstrations are generated there first (cached, atomic: ``lf_data.generate_metaworld``).
+def open_dataset(cfg, generate: bool, *, action_horizon: int = 1, progress=None):
+    """``lf_data.LeRobotDataset`` of ``data.path`` with ``action_horizon`` actions per sample; with ``generate``
+    (rank 0) and ``data.source = "metaworld"`` the expert demonstrations are generated there first (cached,
+    atomic: ``lf_data.generate_metaworld``; ``progress(done, total)`` follows the episodes).
     With ``data.source = "lerobot"`` only ``data.tasks`` and ``data.max_steps`` frames per episode are read
     (:func:`dataset_selection`)."""
     from lf_data import LeRobotDataset, generate_metaworld
@@ -16,8 +17,8 @@ def open_dataset(cfg, generate: bool):
     path = Path(d.path).resolve()
     if generate and d.source == "metaworld":
         generate_metaworld(path, tasks=d.tasks, episodes_per_task=d.episodes_per_task, image_size=d.image_size,
-                           max_steps=d.max_steps, seed=d.seed, workers=d.workers)
-    return LeRobotDataset(path, action_horizon=1, **dataset_selection(cfg))
+                           max_steps=d.max_steps, seed=d.seed, workers=d.workers, progress=progress)
+    return LeRobotDataset(path, action_horizon=action_horizon, **dataset_selection(cfg))
 
 
 def dataset_selection(cfg) -> dict:

@@ -41,7 +41,7 @@ def _pipeline_unsupported(plan: Plan, cfg, graph) -> str | None:
     import torch
 
     from lf_kernels import MaskSpec
-    from lf_orchestrator.families._pipeline_step import SIDE
+    from lf_orchestrator.train._pipeline_step import SIDE
     from lf_parallel._pipeline import build_stage_module
     from lf_parallel._stages import split_stages
 

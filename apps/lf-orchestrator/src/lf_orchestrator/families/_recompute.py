@@ -98,6 +98,7 @@ def plan_family_recompute(cfg, family, plan, dtype_bytes: int, *, pp_rank: int =
         in_flight = math.ceil(in_flight_micro_batches(plan.pp_schedule, plan.pp, pp_rank, plan.grad_accum,
                                                       plan.pp_virtual_stages))
     result = plan_recompute(graph, max(budget, 0), plan.micro_batch, seq, dtype_bytes, in_flight=in_flight,
+                            key_padding=family.recompute_key_padding,
                             kernels=kernels, stream_db=residual_stream_bytes(plan, dtype_bytes))
     if not result.fits:
         raise ConfigError(f"memory.budget_gib: {cfg.memory.budget_gib} GiB leaves {budget / 2**30:.4f} GiB for "

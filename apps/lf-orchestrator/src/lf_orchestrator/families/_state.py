@@ -18,7 +18,7 @@ names); the optimizer state is flattened per parameter name, so a checkpoint loa
 under any plan and world size: DCP reads the slices each rank's new shards need.
 Under pipeline parallel each rank saves and loads its stages (one, or several with an
 interleaved schedule) through one ``StageView``
-(:mod:`lf_orchestrator.families._pipeline_step`) holding the same keys for the layers it
+(:mod:`lf_orchestrator.train._pipeline_step`) holding the same keys for the layers it
 owns, so pp and non-pp checkpoints load into each other and :func:`load_model_weights`
 reads the whole model from either.
 """
@@ -75,17 +75,6 @@ def gather_objects(obj: Any, distributed: bool) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint folder (with its marker) under ``run_dir/checkpoints``, or None.
-
-    The marker, not the ``latest`` pointer, decides: a save killed after its rename but before the pointer
-    was replaced still counts.
-    """
-    root = Path(run_dir) / "checkpoints"
-    done = sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp") and is_complete(p))
-    return done[-1] if done else None
 
 
 def load_model_weights(path: Path) -> dict[str, torch.Tensor]:

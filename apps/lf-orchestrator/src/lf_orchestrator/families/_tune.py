@@ -5,7 +5,7 @@ With ``parallel.plan = "auto"`` the recipe trainer normally trains with the cost
 (:func:`lf_orchestrator.families._plan.auto_plan`). Under ``tune = "measure"`` it first takes the first
 ``parallel.tune_top`` plans of the same ranking that it can run (:func:`runnable_candidates`), trains each for
 one warm-up and ``parallel.tune_steps`` timed optimizer steps on the run's own data, model and precision
-(:func:`measure_candidates`: each a fresh :class:`~lf_orchestrator.recipe_trainer.RecipeTrainer` sharing the
+(:func:`measure_candidates`: each a fresh :class:`~lf_orchestrator.train.trainer.Trainer` sharing the
 prepared family, so the data is prepared once), and trains the run with the plan of the lowest median step
 time. A trial's step time is the slowest rank's; its peak memory the largest rank's
 ``torch.cuda.max_memory_allocated`` over the timed steps (None on the CPU). A trial that runs out of memory in
@@ -86,14 +86,14 @@ def _slowest(ctx, value: float) -> float:
 
 def _trial(cfg, run_dir: Path, ctx, family, plan: Plan, info: dict) -> dict:
     """One plan's trial: median step seconds (slowest rank) and peak GiB (largest rank; None on the CPU)."""
-    from lf_orchestrator.recipe_trainer import RecipeTrainer
+    from lf_orchestrator.train import Trainer
 
     rep = msgspec.structs.replace
     steps = WARMUP_STEPS + cfg.parallel.tune_steps
     trial_cfg = rep(cfg, train=rep(cfg.train, steps=steps, ckpt_every=0, profile_steps=[]),
                     eval=rep(cfg.eval, at_end=False))
     cuda = ctx.device.type == "cuda"
-    trainer = RecipeTrainer(trial_cfg, run_dir, ctx, family=family, plan=(plan, info))
+    trainer = Trainer(trial_cfg, run_dir, ctx, family=family, plan=(plan, info))
     try:
         times = []
         for step in range(steps):

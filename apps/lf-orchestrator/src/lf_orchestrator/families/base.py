@@ -1,4 +1,4 @@
-"""The family protocol: what the recipe trainer needs from a model family, and nothing more.
+"""The family protocol: what the trainer needs from a model family, and nothing more.
 
 A family turns one run config into
 
@@ -11,7 +11,9 @@ A family turns one run config into
 - the loss: :meth:`Family.loss_sum` returns the loss *summed* over the batch's
   target units and :meth:`Family.normalizer` counts those units, so the trainer
   divides by the global count over micro-batches and ranks;
-- optionally :meth:`Family.evaluate` (held-out metrics) and files for ``lf sample``;
+- optionally :meth:`Family.evaluate` (held-out metrics, every rank), :meth:`Family.after_training` (what the
+  run driver does on rank 0 once training ends, e.g. the VLA's closed-loop evaluation) and files for
+  ``lf sample``;
 - optionally context parallelism (:attr:`Family.context_parallel`): ``loss_sum`` and ``evaluate`` then take
   ``cp=`` (an ``lf_parallel.ContextParallel``) and return this cp rank's share of the loss, the shares of the
   cp ranks summing to the whole (:mod:`lf_orchestrator.families._context`).
@@ -38,7 +40,7 @@ def sample_seed(run_seed: int, step: int, index: int) -> int:
 
 
 class Family(abc.ABC):
-    """One model family under the recipe trainer (see the module docstring)."""
+    """One model family under the trainer (see the module docstring)."""
 
     name: str = ""
     """Family name (``llm``, ``vlm``, ``video``)."""
@@ -46,6 +48,11 @@ class Family(abc.ABC):
     """What ``train/loss`` is (for plots), e.g. ``"next-token cross-entropy"``."""
     context_parallel: bool = False
     """Whether ``loss_sum`` / ``evaluate`` take ``cp=`` and return this cp rank's share (plans with cp > 1)."""
+    recompute_key_padding: frozenset[str] = frozenset()
+    """Components whose transformer blocks take a (batch, seq) key-padding mask (a checkpointed block keeps it;
+    ``memory.recompute = "auto"`` counts it)."""
+    data_progress = None
+    """``progress(done, total)`` of a data generation in :meth:`prepare` (rank 0), set by the trainer; or None."""
     host_keys: tuple[str, ...] = ()
     """Batch keys that stay on the host when a micro-batch moves to the device: small index tensors the model
     reads on the host (e.g. image grids), which on the GPU would cost a host-device sync at every read."""
@@ -95,6 +102,11 @@ class Family(abc.ABC):
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         """Held-out metrics (``eval/...``); none by default."""
         return {}
+
+    def after_training(self, run_dir: Path, device: torch.device, console) -> None:
+        """Called by the run driver on rank 0 after a run that was not preempted and whose summary is written
+        (e.g. closed-loop evaluation from the saved checkpoint); nothing by default."""
+        return None
 
 
 class LossModule(nn.Module):

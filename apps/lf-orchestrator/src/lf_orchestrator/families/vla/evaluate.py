@@ -8,7 +8,7 @@ of one task run as a batch of environments stepped in lock-step, so one
 model call serves every active episode. A uniform random policy is measured
 with the same seeds as the baseline, and on request (``baselines=["bc-mlp"]``) a
 behaviour-cloning MLP trained on the same data for the same time
-(:mod:`lf_orchestrator.baselines`), through the same :func:`rollout`.
+(:mod:`lf_orchestrator.families.vla.baselines`), through the same :func:`rollout`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import torch
 
 from lf_data import MetaWorldEnv, metaworld_episode_seed
 from lf_memory import resolve_precision
-from lf_orchestrator import assembly
 from lf_orchestrator.checkpoint import latest_checkpoint, load_weights, write_text_atomic
 from lf_orchestrator.config import Config, load_config
+from lf_orchestrator.families.vla import assembly
 from lf_orchestrator.progress import EvalProgress
 
 
@@ -155,7 +155,7 @@ def _baselines(tasks: list[str], action_dim: int, horizon: int, kw: dict[str, An
     if random:
         out["random"] = {task: rollout(RandomPolicy(action_dim, horizon, kw["seed"]), task, **kw) for task in tasks}
     if bc_run_dir is not None:
-        from lf_orchestrator.baselines import BCMLPPolicy
+        from lf_orchestrator.families.vla.baselines import BCMLPPolicy
 
         bc = BCMLPPolicy.from_run(Path(bc_run_dir))
         out["bc_mlp"] = {task: rollout(bc, task, **kw) for task in tasks}
@@ -192,8 +192,8 @@ def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = 
 
     The random baseline runs in a second process while the VLA is evaluated here, so a
     two-core machine evaluates both in the time of one. ``baselines`` may name ``"bc-mlp"``:
-    the behaviour-cloning MLP of :mod:`lf_orchestrator.baselines`, trained first for the VLA's
-    training budget (``bc_budget``, :data:`lf_orchestrator.baselines.BC_BUDGETS`: ``steps``, the VLA's
+    the behaviour-cloning MLP of :mod:`lf_orchestrator.families.vla.baselines`, trained first for the VLA's
+    training budget (``bc_budget``, :data:`lf_orchestrator.families.vla.baselines.BC_BUDGETS`: ``steps``, the VLA's
     optimizer steps at its batch size, or ``time``, its training time or ``bc_seconds``: a VLA run trained
     over several sessions, whose ``summary.json`` times only the last) unless ``RUN/bc_mlp/`` holds one
     trained under the same rule, rolled out in the same worker with the same seeds; its rows get
@@ -217,7 +217,7 @@ def evaluate_run(run_dir: Path, *, device: torch.device, episodes: int | None = 
     unknown = [t for t in tasks if t not in METAWORLD_INSTRUCTIONS]
     if unknown:
         raise ValueError(f"--tasks: unknown Meta-World task {unknown[0]!r}")
-    from lf_orchestrator.baselines import BASELINES, BC_DIR, train_bc_mlp
+    from lf_orchestrator.families.vla.baselines import BASELINES, BC_DIR, train_bc_mlp
 
     wrong = [b for b in baselines if b not in BASELINES]
     if wrong:

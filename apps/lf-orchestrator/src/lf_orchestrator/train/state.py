@@ -1,12 +1,15 @@
-"""What a trainer checkpoints besides the model and optimizer shards, for both trainers.
+"""What the trainer checkpoints besides the model and optimizer shards.
 
-Both trainers (the VLA trainer of ``lf run``, :mod:`lf_orchestrator.trainer`, and the llm / vlm / video
-:mod:`lf_orchestrator.recipe_trainer`) save through :class:`lf_orchestrator.families._state.FamilyCheckpointer`
-(sharded DCP folders, atomic marker + rename, keep-last-k, optionally asynchronous). This module writes and
-restores the rest (both trainers' ``save`` / ``_restore`` call it): the LR schedule, the loss scaler, every dp
+The trainer (:mod:`lf_orchestrator.train.trainer`) saves through
+:class:`lf_orchestrator.families._state.FamilyCheckpointer` (sharded DCP folders, atomic marker + rename,
+keep-last-k, optionally asynchronous). This module writes and restores the rest (the trainer's ``save`` /
+``_restore`` call it): the LR schedule, the loss scaler, every dp
 rank's sampler position, every rank's RNG states, the step and the plan. A checkpoint written under one plan or
 world size loads under another (DCP reshards the tensors,
 :func:`lf_orchestrator.families._state.reshard_sampler` the data position).
+
+Folders of lf-orchestrator 0.3's full-state layout (``model.safetensors`` + ``state.pt``, VLA runs) resume too,
+under a data-parallel plan without ZeRO sharding and the world size that wrote them.
 
 A trainer passed here has the attributes ``cfg``, ``ctx``, ``plan``, ``step``, ``optimizer``, ``scheduler``,
 ``scaler``, ``sampler``, ``dp_rank``, ``checkpointer`` and ``state_module`` (the module whose names are saved:
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from lf_orchestrator.checkpoint import damaged
+from lf_orchestrator.checkpoint import damaged, is_legacy, load_checkpoint
 from lf_orchestrator.families._state import (
     describe_reshard,
     gather_objects,
@@ -66,6 +69,9 @@ def restore_training_state(trainer, path: Path) -> str | None:
         FileNotFoundError: ``path`` is incomplete or lacks a file (names it).
         CheckpointError: a damaged shard or training-state file (names it).
     """
+    if is_legacy(path):
+        _restore_legacy(trainer, path)
+        return None
     ctx = trainer.ctx
     state, extra = trainer.checkpointer.load(path, trainer.state_module, trainer.optimizer)
     _check_finite(trainer.state_module, ctx, path)
@@ -112,3 +118,25 @@ def _check_finite(module: torch.nn.Module, ctx, path: Path) -> None:
     if float(count):
         raise damaged(path, "the DCP shards", f"tensor {bad[0] if bad else '(on another rank)'!r} holds NaN or inf",
                       plural=True)
+
+
+def _restore_legacy(trainer, path: Path) -> None:
+    """A full-state folder of lf-orchestrator 0.3 (``model.safetensors`` + ``state.pt``), written by a
+    data-parallel VLA run: model, optimizer, schedule, sampler, loss scaler, CPU RNG and step.
+
+    Raises:
+        ValueError: the plan shards the model or the optimizer (the layout holds whole tensors only).
+    """
+    plan = trainer.plan
+    if plan.zero_stage > 0 or plan.tp > 1 or plan.pp > 1 or plan.cp > 1:
+        raise ValueError(f"checkpoint {path}: the full-state layout of lf-orchestrator 0.3 resumes under a "
+                         f"data-parallel plan without ZeRO only, got {plan.describe()}")
+    model_state, state = load_checkpoint(path, trainer.ctx.device)
+    trainer.model.load_state_dict(model_state)
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.scheduler.load_state_dict(state["scheduler"])
+    trainer.sampler.load_state_dict(state["sampler"])
+    if "scaler" in state:
+        trainer.scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["rng_cpu"].cpu())
+    trainer.step = int(state["step"])

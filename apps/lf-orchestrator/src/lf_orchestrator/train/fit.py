@@ -1,9 +1,9 @@
 """The fit loop of both trainers: steps, logging window, checkpoint cadence, faults, final save and summary.
 
 The VLA trainer of ``lf run`` (:class:`lf_orchestrator.trainer.Trainer`) and the llm / vlm / video
-:class:`lf_orchestrator.recipe_trainer.RecipeTrainer` differ in how a step is computed, not in how a run is
+:class:`lf_orchestrator.train.trainer.Trainer` differ in how a step is computed, not in how a run is
 driven; :func:`fit_loop` drives both, :func:`apply_update` ends a step the same way in both (and in the
-pipeline-parallel step, :mod:`lf_orchestrator.families._pipeline_step`), and :func:`lr_schedule` is their
+pipeline-parallel step, :mod:`lf_orchestrator.train._pipeline_step`), and :func:`lr_schedule` is their
 learning-rate schedule.
 
 Per step: ``trainer.train_step()``; every ``train.log_every`` steps (and the last) the scalars go to
@@ -87,6 +87,12 @@ def apply_update(trainer) -> float:
         trainer.scheduler.step()
     trainer.step += 1
     return lr
+
+
+def scaler_fields(scaler) -> dict[str, float]:
+    """The loss scaler's scalars for the step's log (``train/loss_scale``, ``train/skipped_steps``, ...) when fp16
+    loss scaling is on, else ``{}``."""
+    return {f"train/{k}": float(v) for k, v in scaler.log_fields().items()} if scaler.enabled else {}
 
 
 def fit_loop(trainer, on_step: StepCallback | None = None, *, step_units: Callable[[dict[str, float]], float],

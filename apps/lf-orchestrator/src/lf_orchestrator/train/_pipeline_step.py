@@ -177,11 +177,11 @@ def _average_grads(params, group, dp: int) -> None:
 
 
 def pipeline_train_step(trainer) -> dict[str, float]:
-    """:meth:`RecipeTrainer.train_step` of a pipeline-parallel plan: one optimizer step over ``grad_accum``
+    """:meth:`Trainer.train_step` of a pipeline-parallel plan: one optimizer step over ``grad_accum``
     micro-batches run by the pipeline schedule; returns the same scalars."""
     from lf_orchestrator.families._faults import nonfinite_step
     from lf_orchestrator.faults import nonfinite_reason
-    from lf_orchestrator.fit import apply_update
+    from lf_orchestrator.train.fit import apply_update, scaler_fields
 
     plan, ctx, pipe = trainer.plan, trainer.ctx, trainer.pipe
     batches, local = trainer.step_batches()
@@ -202,4 +202,4 @@ def pipeline_train_step(trainer) -> dict[str, float]:
         return nonfinite_step(trainer, bad, float(grad_norm))
     lr = apply_update(trainer)
     return {"train/loss": float(loss_total / units), "train/grad_norm": float(grad_norm), "train/lr": lr,
-            "train/target_units": float(units)}
+            "train/target_units": float(units), **scaler_fields(trainer.scaler)}

@@ -1,4 +1,4 @@
-"""The training loop of the llm / vlm / video families: family -> model -> plan -> steps.
+"""The one trainer of `lf run`, for every family (llm, vlm, video, video_vae, vla): family -> model -> plan -> steps.
 
 The order in which techniques are applied is written here once: build on meta ->
 materialize -> LoRA / freezing -> tensor (+ sequence) parallel -> activation
@@ -15,7 +15,7 @@ pipeline-parallel ranks of one dp rank see the same batch; under context paralle
 computes its share of the loss on its token shard and contributes ``share * dp * cp / global_units``
 (gradients are averaged over dp x cp; :mod:`lf_orchestrator.families._context`). Pipeline-parallel plans
 (``pp > 1``, llm family) build only this rank's stages and run the step through the
-plan's schedule (:mod:`lf_orchestrator.families._pipeline_step`).
+plan's schedule (:mod:`lf_orchestrator.train._pipeline_step`).
 
 Checkpoints are sharded DCP folders (:mod:`lf_orchestrator.families._state`): every
 rank writes its own shards of the model and optimizer; the scheduler, loss scaler,
@@ -28,7 +28,8 @@ another plan or world size DCP reshards the state (logged).
 Faults (:mod:`lf_orchestrator.families._faults`): a NaN/inf loss or gradient norm is handled by
 ``train.on_nonfinite`` before the update; weights holding NaN/inf are never checkpointed; SIGTERM / SIGINT
 save the step and stop (exit 143 / 130); ``train.hang_timeout_s`` arms the hang watchdog. The fit loop is
-shared with the VLA trainer (:func:`lf_orchestrator.fit.fit_loop`).
+:func:`lf_orchestrator.train.fit.fit_loop`. ``memory.offload`` keeps the activations saved for backward in host
+memory (``lf_memory.offload_activations``) on every plan without pipeline stages.
 """
 
 from __future__ import annotations
@@ -41,18 +42,26 @@ from torch import nn
 
 from lf_data import ResumableSampler
 from lf_ir import param_count
-from lf_memory import DynamicLossScaler, apply_recompute, resolve_precision
+from lf_memory import DynamicLossScaler, apply_recompute, offload_activations, resolve_precision
+from lf_orchestrator.checkpoint import latest_checkpoint
 from lf_orchestrator.families import family_module
 from lf_orchestrator.families._faults import check_finite_weights, nonfinite_step
 from lf_orchestrator.families._plan import resolve_plan, with_fsdp_compute
 from lf_orchestrator.families._recompute import describe_plan, plan_family_recompute, stage_plan
-from lf_orchestrator.families._state import FamilyCheckpointer, latest_checkpoint
+from lf_orchestrator.families._state import FamilyCheckpointer
 from lf_orchestrator.families.base import LossModule
 from lf_orchestrator.families.lora import apply_lora, freeze
 from lf_orchestrator.faults import nonfinite_reason
-from lf_orchestrator.fit import StepCallback, apply_update, check_enough_samples, fit_loop, lr_schedule
 from lf_orchestrator.prefetch import make_prefetcher
-from lf_orchestrator.train_state import restore_training_state, save_training_state
+from lf_orchestrator.train.fit import (
+    StepCallback,
+    apply_update,
+    check_enough_samples,
+    fit_loop,
+    lr_schedule,
+    scaler_fields,
+)
+from lf_orchestrator.train.state import restore_training_state, save_training_state
 from lf_parallel import DistContext, build_mesh, clip_grad_norm_, global_sum, parallelize
 
 
@@ -61,10 +70,11 @@ def precision_name(dtype: torch.dtype) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
 
 
-def prepare_family(cfg, run_dir: Path, ctx: DistContext):
+def prepare_family(cfg, run_dir: Path, ctx: DistContext, data_progress=None):
     """The run's family with its data prepared: rank 0 builds the caches (into ``run_dir`` and the cache folders),
-    then the other ranks load them."""
+    then the other ranks load them. ``data_progress(done, total)``: progress of a data generation (rank 0)."""
     family = family_module(cfg.model.recipe).make_family(cfg, Path(run_dir), ctx)
+    family.data_progress = data_progress
     if ctx.is_main:
         family.prepare()
     if ctx.distributed:
@@ -91,16 +101,26 @@ def prepare_model(family, cfg, device: torch.device) -> tuple[nn.Module, dict]:
     return model, info
 
 
-class RecipeTrainer:
-    """One family run in ``run_dir`` (fresh, or resumed from its latest checkpoint)."""
+class Trainer:
+    """One run of any family in ``run_dir`` (fresh, or resumed from its latest checkpoint).
+
+    Args:
+        cfg: the run config.
+        run_dir: the run folder (created by rank 0 when missing).
+        ctx: this process's ``lf_parallel.DistContext``.
+        resume: load the latest checkpoint of ``run_dir`` (FileNotFoundError when there is none).
+        family: the prepared family (:func:`prepare_family`); None prepares it here.
+        plan: ``(plan, info)`` chosen by the caller (``parallel.tune = "measure"``); None resolves the config's.
+        data_progress: ``progress(done, total)`` of a data generation while the family prepares (rank 0).
+    """
 
     def __init__(self, cfg, run_dir: Path, ctx: DistContext, *, resume: bool = False, family=None,
-                 plan: tuple[Any, dict] | None = None):
+                 plan: tuple[Any, dict] | None = None, data_progress=None):
         self.cfg, self.run_dir, self.ctx = cfg, Path(run_dir), ctx
         torch.manual_seed(cfg.run.seed)
         if ctx.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.family = family if family is not None else prepare_family(cfg, self.run_dir, ctx)
+        self.family = family if family is not None else prepare_family(cfg, self.run_dir, ctx, data_progress)
         self.precision = resolve_precision(cfg.memory.precision, ctx.device)
         prec = precision_name(self.precision.compute_dtype)
         if plan is not None:  # chosen by the caller (parallel.tune = "measure": families._tune)
@@ -133,7 +153,7 @@ class RecipeTrainer:
                 nn.ModuleList(self.model.blocks), mode, every=cfg.memory.recompute_every, plan=self.recompute_plan)
 
         if self.plan.pp > 1:
-            from lf_orchestrator.families._pipeline_step import PipelineModel
+            from lf_orchestrator.train._pipeline_step import PipelineModel
 
             self.pipe = PipelineModel(self.family, cfg, self.plan, self.mesh, ctx.device, lambda blocks: (
                 apply_recompute(nn.ModuleList(blocks), mode, every=cfg.memory.recompute_every,
@@ -213,13 +233,13 @@ class RecipeTrainer:
 
     def _restore(self, path: Path) -> None:
         """Load checkpoint ``path`` (written under any plan) into this run's sharded model and optimizer,
-        and its scheduler, loss scaler, sampler position, RNG states and step (:mod:`lf_orchestrator.train_state`;
+        and its scheduler, loss scaler, sampler position, RNG states and step (:mod:`lf_orchestrator.train.state`;
         also the rollback of ``train.on_nonfinite``)."""
         self.resharded = restore_training_state(self, path)
 
     def save(self) -> Path:
         """Checkpoint the current step (call on every rank): each rank writes its shards, rank 0 the rest
-        (:func:`lf_orchestrator.train_state.save_training_state`; a step-0 save leaves the optimizer empty).
+        (:func:`lf_orchestrator.train.state.save_training_state`; a step-0 save leaves the optimizer empty).
 
         With ``train.async_checkpoint`` the write continues in the background (awaited by the next save and
         at the end of :meth:`fit`); returns the checkpoint folder.
@@ -243,7 +263,7 @@ class RecipeTrainer:
     def train_step(self) -> dict[str, float]:
         """One optimizer step over ``grad_accum`` micro-batches; returns its scalars."""
         if self.pipe is not None:
-            from lf_orchestrator.families._pipeline_step import pipeline_train_step
+            from lf_orchestrator.train._pipeline_step import pipeline_train_step
 
             return pipeline_train_step(self)
         batches, local = self.step_batches()
@@ -255,7 +275,8 @@ class RecipeTrainer:
         sums: dict[str, torch.Tensor] = {}
         self.wrapped.train()
         for b in batches:
-            with self.precision.autocast(self.ctx.device.type):
+            with self.precision.autocast(self.ctx.device.type), \
+                    offload_activations(self.ctx.device, enabled=self.cfg.memory.offload):
                 loss, metrics = self.wrapped(b)
             self.scaler.scale(loss / denom).backward()
             loss_sum += loss.detach()
@@ -272,7 +293,8 @@ class RecipeTrainer:
         lr = apply_update(self)
         return {"train/loss": float(stats[0] / units), **{f"train/{k}": float(stats[i + 1] / units)
                                                            for i, k in enumerate(names)},
-                "train/grad_norm": float(grad_norm), "train/lr": lr, "train/target_units": float(units)}
+                "train/grad_norm": float(grad_norm), "train/lr": lr, "train/target_units": float(units),
+                **scaler_fields(self.scaler)}
 
     def evaluate(self) -> dict[str, float]:
         """The family's held-out metrics (every rank computes them on the unwrapped model); none under pipeline
@@ -287,7 +309,7 @@ class RecipeTrainer:
 
     def fit(self, on_step: StepCallback | None = None) -> dict[str, Any]:
         """Train until ``train.steps``, logging, checkpointing and evaluating at the end (``eval.at_end``);
-        returns a summary with ``eval`` and ``plan`` (:func:`lf_orchestrator.fit.fit_loop`; throughput
+        returns a summary with ``eval`` and ``plan`` (:func:`lf_orchestrator.train.fit.fit_loop`; throughput
         ``perf/units_per_s``: target units per second, ``perf/tokens_per_s``: the global batch's ``seq_len``
         tokens per second, ``perf/samples_per_s``).
 

@@ -11,7 +11,7 @@ token ``vla`` run. It trains on the run's dataset for the VLA's training budget
 (:data:`BC_BUDGETS`): by default as many optimizer steps at the same batch size as
 the VLA (``summary.json`` ``steps``, ``train.global_batch``), else the same
 wall-clock time (``summary.json`` ``seconds``), then acts through
-:func:`lf_orchestrator.evaluate.rollout` like the VLA and the random policy
+:func:`lf_orchestrator.families.vla.evaluate.rollout` like the VLA and the random policy
 (the behaviour-cloning baseline of Mandlekar et al., "What Matters in Learning
 from Offline Human Demonstrations for Robot Manipulation", CoRL 2021, without images).
 
@@ -33,11 +33,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from lf_data import LeRobotDataset
-from lf_orchestrator import assembly
 from lf_orchestrator._atomic import atomic_path
 from lf_orchestrator.checkpoint import write_text_atomic
 from lf_orchestrator.config import Config, load_config
 from lf_orchestrator.families._metaworld import dataset_selection
+from lf_orchestrator.families.vla import assembly
 from lf_orchestrator.progress import format_eta
 
 BASELINES = ("bc-mlp",)
@@ -244,7 +244,7 @@ def train_bc_mlp(run_dir: Path, *, budget: str = "steps", seconds: float | None 
 
 
 class BCMLPPolicy:
-    """A trained BC MLP as an evaluation policy (:class:`lf_orchestrator.evaluate.Policy`); no images."""
+    """A trained BC MLP as an evaluation policy (:class:`lf_orchestrator.families.vla.evaluate.Policy`); no images."""
 
     def __init__(self, model: BCMLP, encoder: Any, tasks: Sequence[str]):
         self.model, self.encoder, self.norm = model.eval(), encoder, ActionNormalizer(encoder)

@@ -11,7 +11,7 @@ to (and read back from) its run folder:
     model.json                   the recipe name, its config and its IR graph
 
 A ``vla_flow`` run has no action tokenizer: its actions are continuous, normalized
-by the dataset's mean/std (:mod:`lf_orchestrator.flow_batch`).
+by the dataset's mean/std (:mod:`lf_orchestrator.families.vla.flow_batch`).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from tokenizers import Tokenizer
 from lf_data import DataError, LeRobotDataset, VLABatchEncoder, build_instruction_tokenizer, check_action_stats
 from lf_ir import VLAConfig, VLAModel, materialize, to_json, use_fused_ops, vla_config
 from lf_ir.recipes.vla_flow import VLAFlowConfig, VLAFlowModel, vla_flow_config
-from lf_orchestrator._action_clip import check_clipped_actions
-from lf_orchestrator._fast_actions import FastBatchEncoder, fit_fast_encoder, load_fast_encoder
 from lf_orchestrator.checkpoint import write_text_atomic
 from lf_orchestrator.config import Config, ConfigError
-from lf_orchestrator.flow_batch import FlowBatchEncoder
+from lf_orchestrator.families.vla._action_clip import check_clipped_actions
+from lf_orchestrator.families.vla._fast_actions import FastBatchEncoder, fit_fast_encoder, load_fast_encoder
+from lf_orchestrator.families.vla.flow_batch import FlowBatchEncoder
 from lf_tokenize_action import BinningTokenizer
 
 STATE_KEY, ACTION_KEY = "observation.state", "action"
@@ -61,7 +61,7 @@ def build_encoder(cfg: Config, dataset: LeRobotDataset) -> VLABatchEncoder | Flo
     Raises:
         ConfigError: missing or unusable statistics (not finite, q01 > q99, zero-width bounds), or an action
             tokenizer that clips more of the training actions than ``action_tokenizer.max_clipped_fraction`` allows
-            with ``on_clipped = "error"`` (:mod:`lf_orchestrator._action_clip`).
+            with ``on_clipped = "error"`` (:mod:`lf_orchestrator.families.vla._action_clip`).
     """
     if cfg.model.recipe == "vla_flow":
         state, action = _stats(dataset, STATE_KEY), _stats(dataset, ACTION_KEY)
@@ -159,6 +159,17 @@ def fit_images(batch: dict[str, torch.Tensor], side: int) -> dict[str, torch.Ten
     return {**batch, "image": resized}
 
 
+def build_graph(vla_cfg: VLAConfig | VLAFlowConfig):
+    """The IR graph of a VLA recipe config (token or flow, by the config type)."""
+    if isinstance(vla_cfg, VLAFlowConfig):
+        from lf_ir.recipes.vla_flow import build_graph as flow_graph
+
+        return flow_graph(vla_cfg)
+    from lf_ir.recipes.vla import build_graph as token_graph
+
+    return token_graph(vla_cfg)
+
+
 def build_model(vla_cfg: VLAConfig | VLAFlowConfig, device: torch.device, seed: int, *,
                 fused_ops: bool = False) -> VLAModel | VLAFlowModel:
     """Lower the VLA graph (token or flow, by the config type) on the meta device and materialize it on ``device``.
@@ -173,10 +184,9 @@ def build_model(vla_cfg: VLAConfig | VLAFlowConfig, device: torch.device, seed: 
     return model
 
 
-def save_model_spec(model: VLAModel | VLAFlowModel, run_dir: Path) -> None:
+def save_model_spec(vla_cfg: VLAConfig | VLAFlowConfig, graph, run_dir: Path) -> None:
     """``model.json``: the recipe name, config and IR graph, for people and for `lf eval`."""
-    spec = {"recipe": model.graph.recipe, "config": msgspec.to_builtins(model.cfg),
-            "graph": json.loads(to_json(model.graph))}
+    spec = {"recipe": graph.recipe, "config": msgspec.to_builtins(vla_cfg), "graph": json.loads(to_json(graph))}
     write_text_atomic(Path(run_dir) / "model.json", json.dumps(spec, indent=1))
 
 
