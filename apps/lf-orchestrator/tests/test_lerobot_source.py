@@ -44,7 +44,8 @@ def _episodes(ds) -> list[tuple[int, int, str]]:
 def test_tasks_and_max_steps_select_episodes_for_the_trainer_and_families(tiny_config, lerobot_dir):
     """A Meta-World name stands for its instruction, a dataset task string for itself; episodes keep their first
     data.max_steps = 6 frames; the VLA family (open_dataset with its action horizon), the other families
-    (open_dataset) and the BC baseline (dataset_selection) read the same episodes, and the last kept frame's action chunk is padded at the cut."""
+    (open_dataset) and the BC baseline (dataset_selection) read the same episodes, and the last kept frame's action
+    chunk is padded at the cut."""
     cfg = _cfg(tiny_config, lerobot_dir, "data.tasks=['reach-v3', 'wave at the camera']", "data.max_steps=6",
                "data.action_horizon=2")
     assert dataset_selection(cfg) == {"tasks": [REACH, "wave at the camera"], "max_frames": 6}

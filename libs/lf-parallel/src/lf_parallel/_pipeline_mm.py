@@ -119,7 +119,8 @@ def build_multimodal_pipeline(build_model: Callable[[], nn.Module], *, pp_rank: 
                               n_microbatches: int, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                               device: torch.device, seed: int, group=None, virtual_stages: int = 1,
                               materialize: Callable[[nn.Module, torch.device, int], nn.Module] | None = None,
-                              scale_grads: bool = True) -> tuple[object, list[MultimodalStageModule]]:
+                              scale_grads: bool = True, parallelize: Callable[[nn.Module], nn.Module] | None = None,
+                              ) -> tuple[object, list[MultimodalStageModule]]:
     """Split a multi-component model, build and initialize this rank's stages and the schedule that runs them.
 
     Args:
@@ -135,11 +136,16 @@ def build_multimodal_pipeline(build_model: Callable[[], nn.Module], *, pp_rank: 
         group: the pipeline process group (default: the world).
         virtual_stages: stages per rank; only the interleaved schedules accept > 1.
         materialize: ``(module, device, seed) -> module``; default ``lf_ir.materialize``.
-        scale_grads: divide gradients by ``n_microbatches`` (a mean loss per micro-batch).
+        scale_grads: divide gradients by ``n_microbatches`` (a mean loss per micro-batch); ``False`` for a
+            ``loss_fn`` already normalized by the global batch.
+        parallelize: ``(stage_module) -> module`` applied to each materialized stage before the schedule gets it
+            (tensor parallel, recomputation, then FSDP2 on the sub-meshes of one pipeline rank), as in
+            :func:`lf_parallel._pipeline.build_pipeline`.
 
     Returns:
         ``(schedule, stage_modules)``; run a step with :func:`lf_parallel._pipeline.pipeline_step`
-        (``inputs``: the model's forward inputs, each cut along dim 0).
+        (``inputs``: the model's forward inputs, each cut along dim 0). The modules are unwrapped (their
+        parameters are what the optimizer updates, under the full model's names).
 
     Raises:
         ValueError: unknown schedule, ``virtual_stages > 1`` with ``gpipe`` / ``1f1b``, a bad
@@ -154,8 +160,9 @@ def build_multimodal_pipeline(build_model: Callable[[], nn.Module], *, pp_rank: 
         with torch.device("meta"):
             module = MultimodalStageModule(build_model(), spec)
         module = materialize(module, device, seed)
-        modules.append(module)
-        stages.append(LfPipelineStage(module, spec.index, pp * virtual_stages, device, group=group))
+        run = parallelize(module) if parallelize is not None else module
+        modules.append(getattr(run, "module", run) if run is not module else module)
+        stages.append(LfPipelineStage(run, spec.index, pp * virtual_stages, device, group=group))
     cls = SCHEDULES[schedule]
     sched = cls(stages[0] if schedule in _SINGLE_STAGE else stages, n_microbatches, loss_fn=loss_fn,
                 scale_grads=scale_grads)

@@ -28,6 +28,7 @@ import zlib
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lf_orchestrator.families.recipes import build_model, recipe_config
@@ -98,6 +99,25 @@ class Family(abc.ABC):
     def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(loss summed over the target units as a float32 scalar, {metric: sum over the same units})."""
+
+    pipeline_model = None
+    """Pipeline parallel of a multi-component model: ``() -> model`` building the whole recipe model (with lf-ir's
+    pipeline glue ``embed_inputs`` / ``trunk_blocks`` / ``trunk_head``) on the meta device; None: the one-trunk
+    build from :attr:`graph` (token ids in, logits out: the llm family)."""
+
+    def pipeline_inputs(self, batch: dict[str, torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """(the first pipeline stage's inputs, the loss target) of a batch, each with the sample on dim 0.
+
+        Raises:
+            NotImplementedError: the family does not run under pipeline parallel (plans are refused before).
+        """
+        raise NotImplementedError(f"the {self.name} family has no pipeline-parallel inputs")
+
+    def pipeline_loss_sum(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The last stage's loss of a micro-batch, summed over its target units (float32 scalar): by default
+        the cross-entropy of logits ``output`` (batch, seq, vocab) against labels ``target`` (batch, seq) int64,
+        -100 ignored."""
+        return F.cross_entropy(output.flatten(0, 1).float(), target.flatten(), reduction="sum", ignore_index=-100)
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         """Held-out metrics (``eval/...``); none by default."""

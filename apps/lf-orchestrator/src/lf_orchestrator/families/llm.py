@@ -98,6 +98,10 @@ class LLMFamily(Family):
         return lm_loss_sum(model, batch["input_ids"], batch["labels"], batch["position_ids"],
                            batch["document_ids"]), {}
 
+    def pipeline_inputs(self, batch):
+        """``((input_ids, position_ids, document_ids), labels)``: the first stage's token ids and side tensors."""
+        return (batch["input_ids"], batch["position_ids"], batch["document_ids"]), batch["labels"]
+
     def evaluate(self, model: nn.Module, cp=None) -> dict[str, float]:
         """Held-out perplexity ``exp(sum CE / labelled tokens)`` and the mean CE, nats per token; with ``cp``
         each rank scores its token shards and the sums are added over the cp group."""

@@ -1,15 +1,22 @@
-"""Pipeline parallel (``plan.pp > 1``) in the recipe trainer: the stages of this rank and one optimizer step.
+"""Pipeline parallel (``plan.pp > 1``) in the trainer: the stages of this rank and one optimizer step.
 
-The model is never built whole: :func:`lf_parallel._pipeline.build_pipeline` builds this pipeline rank's
-stage modules (FLOP-balanced split of the IR, full-model parameter names, the single-process model's
-weights). Each stage gets, in this order, tensor (+ sequence) parallel on the ``tp`` sub-mesh, activation
-recomputation, then FSDP2 (ZeRO-2/3) over the data-parallel sub-mesh of its pipeline rank, or (ZeRO-0/1)
+The model is never built whole: this pipeline rank's stage modules are built with the FLOP-balanced split of the
+IR, full-model parameter names and the single-process model's weights, by
+:func:`lf_parallel._pipeline.build_pipeline` for a family whose model is one trunk (the llm family: token ids in,
+logits out) or by :func:`lf_parallel._pipeline_mm.build_multimodal_pipeline` for a family that gives
+:attr:`~lf_orchestrator.families.base.Family.pipeline_model` (the VLA: stage 0 runs the encoders and the recipe's
+``embed_inputs`` glue; its key-padding mask travels with the hidden states). The family says what the first
+stage takes and what the loss compares (:meth:`~lf_orchestrator.families.base.Family.pipeline_inputs`,
+:meth:`~lf_orchestrator.families.base.Family.pipeline_loss_sum`).
+
+Each stage gets, in this order, tensor (+ sequence) parallel on the ``tp`` sub-mesh, activation recomputation,
+then FSDP2 (ZeRO-2/3) over the data-parallel sub-mesh of its pipeline rank, or (ZeRO-0/1)
 one flat gradient all-reduce over it after the schedule (see :func:`_average_grads`);
 the ``torch.distributed.pipelining`` schedule (``plan.pp_schedule``) runs ``plan.grad_accum`` micro-batches of
 ``plan.micro_batch`` samples per step over the ``pp`` sub-mesh.
 
-Between stages flows ``(hidden_bsd, positions_bs, document_ids_bs)``: the packed-document rotary positions and
-document ids of the llm family reach every block (lf-parallel's side-tensor protocol). Under sequence
+Between the llm family's stages flows ``(hidden_bsd, positions_bs, document_ids_bs)``: the packed-document rotary
+positions and document ids reach every block (lf-parallel's side-tensor protocol). Under sequence
 parallel each tp rank sends its local sequence shard of the hidden states.
 
 Losses stay exact: the schedule runs with ``scale_grads=False`` and each micro-batch's loss is
@@ -27,15 +34,13 @@ stages are absent), so a checkpoint written under pp loads under any plan and ba
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lf_parallel import clip_grad_norm_, global_sum
 
 SIDE = ("positions", "document_ids")
-"""Side tensors sent with the hidden states (lf-parallel names), in order."""
-_BATCH_KEYS = {"positions": "position_ids", "document_ids": "document_ids"}
-"""Side tensor -> the llm family's batch key."""
+"""Side tensors of the one-trunk build (the llm family) sent with the hidden states (lf-parallel names), in
+order: the first stage takes ``(input_ids, positions, document_ids)``."""
 
 
 def _merge(dst: nn.Module, src: nn.Module) -> None:
@@ -70,18 +75,19 @@ class StageView(nn.Module):
 
 
 class StageLoss:
-    """The schedule's ``loss_fn``: summed next-token cross-entropy of a micro-batch over ``denom``.
+    """The schedule's ``loss_fn``: the family's loss sum of a micro-batch (``pipeline_loss_sum``) over ``denom``.
 
     ``denom`` (global target units / dp) and ``scale`` (the loss scaler's multiply) are set before each step;
     ``sums`` collects the float32 loss sums of the step's micro-batches (last stage only; the schedule's first
     step also calls it during its shape inference, so the last ``n_microbatches`` entries are the real ones).
     """
 
-    def __init__(self):
+    def __init__(self, loss_sum):
+        self.loss_sum = loss_sum
         self.denom, self.scale, self.sums = torch.tensor(1.0), (lambda x: x), []
 
-    def __call__(self, logits_bsv: torch.Tensor, labels_bs: torch.Tensor) -> torch.Tensor:
-        loss_sum = F.cross_entropy(logits_bsv.flatten(0, 1).float(), labels_bs.flatten(), reduction="sum")
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss_sum = self.loss_sum(output, target)
         self.sums.append(loss_sum.detach())
         return self.scale(loss_sum / self.denom)
 
@@ -90,7 +96,8 @@ class PipelineModel:
     """This rank's part of a pipeline-parallel model: schedule, stage modules, their :class:`StageView`.
 
     Args:
-        family: the run's family (its ``graph`` and ``model.mask`` kind come from the recipe).
+        family: the run's family: its ``graph``, ``pipeline_model`` (None: the one-trunk build, causal mask and
+            the llm's side tensors), ``pipeline_inputs`` and ``pipeline_loss_sum``.
         cfg: the run config (``run.seed`` initializes the stages like the single-process model).
         plan: a checked plan with ``pp > 1``.
         mesh: the plan's 5-D mesh.
@@ -101,13 +108,15 @@ class PipelineModel:
     def __init__(self, family, cfg, plan, mesh, device: torch.device, recompute):
         from lf_kernels import MaskSpec
         from lf_parallel._pipeline import build_pipeline
+        from lf_parallel._pipeline_mm import build_multimodal_pipeline
         from lf_parallel._tensor_parallel import apply_tensor_parallel
         from lf_parallel._zero import apply_zero
 
         self.plan, self.mesh = plan, mesh
         self.pp_rank = mesh.get_local_rank("pp")
         self.pp_group = mesh["pp"].get_group()
-        self.loss = StageLoss()
+        self.family = family
+        self.loss = StageLoss(family.pipeline_loss_sum)
         self.recomputed: list[int] = []
         self.dp_group = None
         """ZeRO-0/1 with dp > 1: the group whose gradients :meth:`step` averages (DDP's job without pp)."""
@@ -124,11 +133,14 @@ class PipelineModel:
                 self.dp_group = flat_dp_group(mesh, plan)
             return stage
 
-        self.schedule, self.stages = build_pipeline(
-            family.graph, pp_rank=self.pp_rank, pp=plan.pp, schedule=plan.pp_schedule,
-            n_microbatches=plan.grad_accum, loss_fn=self.loss, mask=MaskSpec(kind="causal"), device=device,
-            seed=cfg.run.seed, group=self.pp_group, virtual_stages=plan.pp_virtual_stages, side=SIDE,
-            scale_grads=False, parallelize=parallelize)
+        common = dict(pp_rank=self.pp_rank, pp=plan.pp, schedule=plan.pp_schedule, n_microbatches=plan.grad_accum,
+                      loss_fn=self.loss, device=device, seed=cfg.run.seed, group=self.pp_group,
+                      virtual_stages=plan.pp_virtual_stages, scale_grads=False, parallelize=parallelize)
+        if family.pipeline_model is None:
+            self.schedule, self.stages = build_pipeline(family.graph, mask=MaskSpec(kind="causal"), side=SIDE,
+                                                        **common)
+        else:
+            self.schedule, self.stages = build_multimodal_pipeline(family.pipeline_model, **common)
         self.view = StageView(self.stages)
 
     @property
@@ -138,14 +150,14 @@ class PipelineModel:
     def step(self, batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
         """Forward + backward of the step's micro-batches; returns the sum of their loss sums (0 off the last
         stage). Set ``self.loss.denom`` / ``.scale`` first."""
-        full = {k: torch.cat([b[k] for b in batches]) for k in ("input_ids", "labels", *_BATCH_KEYS.values())}
+        full = {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
         self.loss.sums = []
-        inputs = (full["input_ids"], *(full[_BATCH_KEYS[n]] for n in SIDE)) if self.pp_rank == 0 else ()
+        inputs, target = self.family.pipeline_inputs(full)
         if self.is_last:
-            self.schedule.step(*inputs, target=full["labels"], losses=[])
+            self.schedule.step(*(inputs if self.pp_rank == 0 else ()), target=target, losses=[])
         else:
-            self.schedule.step(*inputs)
-        device = full["labels"].device
+            self.schedule.step(*(inputs if self.pp_rank == 0 else ()))
+        device = target.device
         if self.dp_group is not None:
             _average_grads(self.view.parameters(), self.dp_group, self.plan.dp)
         # the first step's metadata inference calls loss_fn once more, on placeholder outputs, before the real ones

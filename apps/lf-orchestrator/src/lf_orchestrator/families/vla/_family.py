@@ -89,6 +89,21 @@ class VLAFamily(Family):
     def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]):
         return model.training_loss(batch)
 
+    @property
+    def pipeline_model(self):
+        """``vla``: the token model on the meta device for the multimodal pipeline (stage 0 runs the encoders);
+        ``vla_flow`` has no pipeline glue (its joint blocks carry two streams), so None (plans are refused)."""
+        if self.cfg.model.recipe != "vla":
+            return None
+        from lf_ir import VLAModel
+
+        return lambda: VLAModel(self.recipe_cfg, self.graph)
+
+    def pipeline_inputs(self, batch):
+        """``((image, instruction_ids, instruction_mask, state, action_in_ids), labels)`` of the token VLA."""
+        return ((batch["image"], batch["instruction_ids"], batch["instruction_mask"], batch["state"],
+                 batch["action_in_ids"]), batch["labels"])
+
     def after_training(self, run_dir, device: torch.device, console) -> None:
         """Closed-loop success in Meta-World (``eval.at_end``, Meta-World data), printed as a table; rank 0."""
         if not (self.cfg.eval.at_end and self.cfg.data.source == "metaworld"):
