@@ -106,7 +106,8 @@ def _torchrun(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 def test_dp2_resume_is_exact_and_reshards_to_one_process(tiny_config, tmp_path):
     """2 gloo processes (the auto plan: dp=2, micro-batch 4): stopped after step 3 and resumed under dp=2, steps
     4..6 equal the uninterrupted dp=2 run bit for bit; the same checkpoint resumed on one process (dp=1,
-    grad_accum=2: the same 8 samples per step) gives the dp=2 run's step-4 loss within 1e-6 and says that it resharded."""
+    grad_accum=2: the same 8 samples per step) gives the dp=2 run's step-4 loss within 1e-6 and says that it
+    resharded."""
     full = tmp_path / "full"
     common = ["--set", "eval.at_end=false", "--set", "run.threads=1"]
     _torchrun(tmp_path, str(tiny_config), "--run-dir", str(full), *common)

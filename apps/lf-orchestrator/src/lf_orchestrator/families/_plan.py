@@ -26,7 +26,6 @@ import msgspec
 from lf_orchestrator.families._context import cp_unsupported, with_cp_kind
 from lf_parallel import Plan, PlanError, check_plan, choose_plan, parse_plan
 
-
 NO_SEQUENCE_PARALLEL = {"vla_flow": "its joint prefix / action-expert blocks take the prefix's key-padding mask "
                                     "whole, which sequence parallel would split with the hidden states"}
 """Recipes whose tensor-parallel plans cannot add sequence parallel (``sp``), and why."""
