@@ -44,12 +44,10 @@ def nonfinite_step(trainer, reason: str, grad_norm: float) -> dict[str, float]:
     return out
 
 
-def check_finite_weights(module: nn.Module, ctx: DistContext, step: int, run_dir: Path) -> None:
-    """Raise :class:`NonFiniteError` when any parameter of ``module`` on any rank holds NaN or inf.
-
-    Called before every checkpoint: one ``isfinite`` pass over the local shards and one all-reduce (cheap next to
-    writing them). The event goes to ``faults.jsonl``.
-    """
+def nonfinite_parameters(module: nn.Module, ctx: DistContext) -> tuple[str, int]:
+    """(the first parameter name of ``module`` holding NaN or inf on this rank, or ``"(on another rank)"``;
+    the number of such parameter tensors over all ranks, 0 when all are finite). One ``isfinite`` pass over the
+    local shards and one all-reduce; call on every rank."""
     from torch.distributed.tensor import DTensor
 
     bad = [name for name, p in module.named_parameters()
@@ -57,9 +55,18 @@ def check_finite_weights(module: nn.Module, ctx: DistContext, step: int, run_dir
     count = torch.tensor(float(len(bad)), device=ctx.device)
     if ctx.distributed:
         count = global_sum(count, ctx)
-    if float(count) == 0:
+    return (bad[0] if bad else "(on another rank)"), int(count)
+
+
+def check_finite_weights(module: nn.Module, ctx: DistContext, step: int, run_dir: Path) -> None:
+    """Raise :class:`NonFiniteError` when any parameter of ``module`` on any rank holds NaN or inf.
+
+    Called before every checkpoint (:func:`nonfinite_parameters`: cheap next to writing the shards). The event goes
+    to ``faults.jsonl``.
+    """
+    first, count = nonfinite_parameters(module, ctx)
+    if count == 0:
         return
-    first = bad[0] if bad else "(on another rank)"
     if ctx.is_main:
         record_fault(run_dir, {"step": step, "fault": "nonfinite_weights", "reason": first, "action": "stop"})
     raise NonFiniteError(f"step {step}: parameter {first!r} holds NaN or inf ({int(count)} parameter tensors over "

@@ -106,17 +106,11 @@ def _local_optimizer(optimizer):
 
 def _check_finite(module: torch.nn.Module, ctx, path: Path) -> None:
     """Raise ``CheckpointError`` on every rank when a loaded parameter holds NaN/inf on any rank."""
-    from torch.distributed.tensor import DTensor
+    from lf_orchestrator.families._faults import nonfinite_parameters
 
-    from lf_parallel import global_sum
-
-    bad = [name.removeprefix("model.") for name, p in module.named_parameters()
-           if not bool(torch.isfinite(p.detach().to_local() if isinstance(p, DTensor) else p.detach()).all())]
-    count = torch.tensor(float(len(bad)), device=ctx.device)
-    if ctx.distributed:
-        count = global_sum(count, ctx)
-    if float(count):
-        raise damaged(path, "the DCP shards", f"tensor {bad[0] if bad else '(on another rank)'!r} holds NaN or inf",
+    first, count = nonfinite_parameters(module, ctx)
+    if count:
+        raise damaged(path, "the DCP shards", f"tensor {first.removeprefix('model.')!r} holds NaN or inf",
                       plural=True)
 
 
