@@ -110,7 +110,7 @@ def test_unknown_recipe_lists_the_names_and_the_closest():
 def test_register_refuses_a_duplicate_and_adds_a_new_recipe(monkeypatch):
     """A second spec under a registered name is refused (the registry keeps the first); a new name is added
     and found by every lookup."""
-    monkeypatch.setattr(_spec, "_REGISTRY", dict(_spec._REGISTRY))
+    monkeypatch.setattr(_spec, "_REGISTRY", dict(_spec._REGISTRY))  # the test's recipe goes with it
     with pytest.raises(ValueError, match="a recipe named 'llama3' is registered already"):
         register_recipe(dataclasses.replace(llama3.SPEC, family="other"))
     assert recipe_spec("llama3") is llama3.SPEC

@@ -108,28 +108,30 @@ def _check_tasks(cfg: Config, where: str) -> None:
 
 
 def _check_model(cfg: Config, where: str) -> None:
-    """Build the recipe config (no torch) so bad sizes and overrides fail before any work."""
+    """Look ``model.recipe`` / ``model.size`` up in lf-ir's recipe registry (imports torch) and build the recipe
+    config and graph, so a bad recipe, size or override fails before any work."""
     import msgspec as _msgspec
 
+    from lf_ir import recipe_spec
     from lf_orchestrator.config import ActionTokenizerSection
     from lf_orchestrator.families import FAMILY_RECIPES, check_family
 
     m = cfg.model
+    try:  # the registry is the list of recipes (model.recipe is a str so that decoding needs no torch)
+        spec = recipe_spec(m.recipe, where="model.recipe")
+        size = spec.size_name(m.size)
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from None
     if m.recipe in FAMILY_RECIPES:
         return check_family(cfg, where)
-    if m.recipe == "vla_flow":
-        from lf_ir.recipes._vla_flow_graph import SIZES, build_graph
-        from lf_ir.recipes._vla_flow_graph import VLAFlowConfig as RecipeConfig
-
-        if cfg.action_tokenizer != ActionTokenizerSection():
-            raise ConfigError(f"{where}: action_tokenizer: does not apply to model.recipe = 'vla_flow' (its actions "
-                              f"are continuous, normalized by the dataset mean/std); remove the section")
-    else:
-        from lf_ir.recipes.vla import SIZES, build_graph
-        from lf_ir.recipes.vla import VLAConfig as RecipeConfig
-    if m.size not in SIZES:
-        raise ConfigError(f"{where}: model.size: expected one of {sorted(SIZES)}, got {m.size!r} "
-                          f"(sizes of recipe {m.recipe!r})")
+    if m.recipe not in ("vla", "vla_flow"):  # the VLA trainer (assembly.py) knows these two by name
+        trained = sorted({*FAMILY_RECIPES, "vla", "vla_flow"})
+        raise ConfigError(f"{where}: model.recipe: {m.recipe!r} (family {spec.family!r}) is registered in lf-ir but "
+                          f"lf run trains model.recipe in {trained} only")
+    if m.recipe == "vla_flow" and cfg.action_tokenizer != ActionTokenizerSection():
+        raise ConfigError(f"{where}: action_tokenizer: does not apply to model.recipe = 'vla_flow' (its actions "
+                          f"are continuous, normalized by the dataset mean/std); remove the section")
+    RecipeConfig = spec.config_class  # noqa: N806
     from lf_orchestrator.families.recipes import OverrideError, recipe_overrides
 
     try:
@@ -140,6 +142,6 @@ def _check_model(cfg: Config, where: str) -> None:
         raise ConfigError(f"{where}: model.overrides: 'action_tokens' is set by the action tokenizer "
                           f"(binning: horizon x dims; FAST: action_tokenizer.max_action_tokens + 1); remove it")
     try:
-        build_graph(RecipeConfig(**{**SIZES[m.size], **overrides}))
+        spec.build_graph(RecipeConfig(**{**spec.sizes[size], **overrides}))
     except (ValueError, TypeError, _msgspec.ValidationError) as err:
         raise ConfigError(f"{where}: model: {err}") from None

@@ -40,14 +40,16 @@ def _pipeline_unsupported(plan: Plan, cfg, graph) -> str | None:
     """Why the recipe trainer cannot run ``plan.pp > 1`` for this config and graph (None: it can)."""
     import torch
 
+    from lf_ir import RECIPES, recipe_spec
     from lf_kernels import MaskSpec
     from lf_orchestrator.families._pipeline_step import SIDE
     from lf_parallel._pipeline import build_stage_module
     from lf_parallel._stages import split_stages
 
-    if cfg.model.recipe != "llama3":
-        return (f"pp > 1 is wired into the recipe trainer for the llm family (model.recipe = 'llama3') only, "
-                f"got model.recipe = {cfg.model.recipe!r}")
+    if not recipe_spec(cfg.model.recipe, where="model.recipe").pipeline:
+        wired = sorted(name for name, spec in RECIPES.items() if spec.pipeline)
+        return (f"pp > 1 is wired into the recipe trainer for model.recipe in {wired} only (the recipes whose "
+                f"RecipeSpec.pipeline is set), got model.recipe = {cfg.model.recipe!r}")
     try:
         specs = split_stages(graph, plan.pp, virtual_stages=plan.pp_virtual_stages)
         for spec in specs:  # on the meta device: no memory, raises what the real build would
