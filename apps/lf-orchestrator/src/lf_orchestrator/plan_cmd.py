@@ -158,7 +158,7 @@ def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[
     if recipe in ("wan_dit", "wan_vae") and (frames or height or width):
         source = "--frames / --height / --width"
     if recipe == "wan_dit" and (frames or height or width):
-        from lf_ir.recipes.wan_dit import video_tokens
+        from lf_ir import video_tokens
 
         seq = video_tokens(cfg, frames, height, width)
     if recipe == "wan_vae" and (frames or height or width):
