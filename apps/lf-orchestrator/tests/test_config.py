@@ -94,7 +94,7 @@ def test_version_and_schema():
 def test_early_checks_name_the_key():
     """Oracle: the key each bad value belongs to; all fail before any run folder exists."""
     cases = {"data.tasks=['reach-v33']": "data.tasks: unknown Meta-World task 'reach-v33'; did you mean",
-             "model.size='huge'": "model.size: expected one of ['3B', 'small', 'tiny'], got 'huge'",
+             "model.size='huge'": "model.size: unknown vla size 'huge'; expected one of ['3B', 'small', 'tiny']",
              "model.overrides.bogus=3": "model.overrides: unknown field 'bogus'",
              "model.overrides={dim=1.5}": "model.overrides.dim: expected int, got 1.5",
              "model.overrides={mrope_section=[1, 2]}": "model.overrides: unknown field 'mrope_section'",

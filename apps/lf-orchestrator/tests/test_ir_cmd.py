@@ -97,31 +97,33 @@ def test_ir_show_json_totals_components_and_batch():
     assert d["forward_flops_unmasked_per_sample"] < fwd  # causal keeps (s + 1) / 2s of the scores
 
 
-def test_ir_show_picks_up_any_registered_recipe(monkeypatch):
-    """A recipe registered in lf_ir.recipes.RECIPES appears without editing the command."""
-    import types
+def test_ir_show_picks_up_any_registered_recipe():
+    """A recipe registered in lf-ir's registry (``lf_ir.register_recipe``) appears without editing the command."""
+    import dataclasses
 
-    from lf_ir.recipes import RECIPES
+    from lf_ir.recipes import _spec
     from lf_ir.recipes import vla as vla_recipe
 
-    fake = types.SimpleNamespace(mini_config=lambda size: vla_recipe.vla_config("tiny"),
-                                 build_graph=vla_recipe.build_graph)
-    monkeypatch.setitem(RECIPES, "mini", fake)
-    out = runner.invoke(app, ["ir", "show", "--recipe", "mini", "--size", "any"])
-    assert out.exit_code == 0, out.output
-    assert "'backbone'" in out.output and "FLOPs per token" in out.output and "saved MiB" in out.output
-    bad = runner.invoke(app, ["ir", "show", "--recipe", "mini", "--size", "any", "--seq", "8"])
-    assert bad.exit_code == 2 and "the mini recipe's sequence length follows from its config" in bad.output
-    bad = runner.invoke(app, ["ir", "show", "--recipe", "nope", "--size", "x"])
-    assert bad.exit_code == 2 and "'mini'" in bad.output and "'llama3'" in bad.output
+    _spec.register_recipe(dataclasses.replace(vla_recipe.SPEC, name="mini", sizes={"any": vla_recipe.SIZES["tiny"]},
+                                              tiny="any"))
+    try:
+        out = runner.invoke(app, ["ir", "show", "--recipe", "mini", "--size", "any"])
+        assert out.exit_code == 0, out.output
+        assert "'backbone'" in out.output and "FLOPs per token" in out.output and "saved MiB" in out.output
+        bad = runner.invoke(app, ["ir", "show", "--recipe", "mini", "--size", "any", "--seq", "8"])
+        assert bad.exit_code == 2 and "the mini recipe's sequence length follows from its config" in bad.output
+        bad = runner.invoke(app, ["ir", "show", "--recipe", "nope", "--size", "x"])
+        assert bad.exit_code == 2 and "mini" in bad.output and "llama3" in bad.output
+    finally:
+        del _spec._REGISTRY["mini"]
 
 
 def test_ir_show_every_recipe_tiny_runs():
-    """Every registered recipe with a 'tiny' size prints its table (the generic path, new recipes included)."""
+    """Every registered recipe prints the table of its tiny size (the generic path, new recipes included)."""
     from lf_ir.recipes import RECIPES
 
-    for name in RECIPES:
-        out = runner.invoke(app, ["ir", "show", "--recipe", name, "--size", "tiny", "--json"])
+    for name, spec in RECIPES.items():
+        out = runner.invoke(app, ["ir", "show", "--recipe", name, "--size", spec.tiny, "--json"])
         assert out.exit_code == 0, (name, out.output)
         d = json.loads(out.output)
         assert d["params"] == sum(c["params"] for c in d["components"]) and d["train_flops_per_sample"] > 0

@@ -124,10 +124,12 @@ def test_vla_flow_resume_and_recompute_are_exact(tiny_config, tmp_path):
 def test_vla_flow_config_errors_name_the_key(tiny_config):
     cases = {"action_tokenizer.n_bins=128": "action_tokenizer: does not apply to model.recipe = 'vla_flow'",
              "model.overrides.n_action_bins=64": "model.overrides: unknown field 'n_action_bins' for recipe 'vla_flow'",
-             "model.size='huge'": "model.size: expected one of ['3B', 'small', 'tiny'], got 'huge'",
+             "model.size='huge'": "model.size: unknown vla_flow size 'huge'; expected one of ['3B', 'small', 'tiny']",
              "model.overrides.sample_steps=0": "model: vla_flow: sample_steps must be >= 1, got 0"}
     for override, message in cases.items():
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_config(tiny_config, [*FLOW, override])
-    with pytest.raises(ConfigError, match=re.escape("model.recipe: expected one of 'vla', 'vla_flow',")):
+    unknown = ("model.recipe: unknown recipe 'vla_fast'; expected one of llama3, qwen2_vl, vla, vla_flow, wan_dit, "
+               "wan_vae; did you mean 'vla_flow'?")
+    with pytest.raises(ConfigError, match=re.escape(unknown)):
         load_config(tiny_config, ["model.recipe='vla_fast'"])

@@ -84,7 +84,8 @@ def test_vla_plan_matches_one_process(references, recipe, spec):
 
 def test_vla_flow_pipeline_and_sequence_parallel_are_refused_by_name(references):
     """vla_flow under pp = 2 or tp = 2 with sequence parallel is refused before any step, naming the recipe and
-    why (before this check, sp crashed in the first step's attention and pp had no stage glue)."""
+    why (its RecipeSpec sets neither: sp crashed in the first step's attention, the joint blocks carry two streams
+    that the pipeline stages do not pass)."""
     from lf_orchestrator.config import load_config
     from lf_orchestrator.families._plan import trainer_unsupported
     from lf_orchestrator.families.vla.assembly import build_graph, load_model_config
@@ -94,6 +95,6 @@ def test_vla_flow_pipeline_and_sequence_parallel_are_refused_by_name(references)
     cfg = load_config(config, [*FLOW, "parallel.plan='manual'", "parallel.spec='pp=2,grad_accum=2'"])
     graph = build_graph(load_model_config(one))
     why = trainer_unsupported(parse_plan("pp=2,grad_accum=2"), cfg, graph, 64)
-    assert why is not None and "model.recipe = 'vla_flow'" in why and "two streams" in why
+    assert why is not None and "model.recipe = 'vla_flow'" in why and "RecipeSpec.pipeline" in why
     why = trainer_unsupported(parse_plan("tp=2,sp=1"), cfg, graph, 64)
     assert why is not None and "sp (sequence parallel)" in why and "'vla_flow'" in why

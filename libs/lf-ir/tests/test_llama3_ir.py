@@ -84,7 +84,7 @@ def test_json_round_trip_and_old_json_without_rope_still_decodes():
 
 def test_registered_in_recipes():
     assert RECIPES["llama3"].build_graph is build_graph
-    assert RECIPES["llama3"].llama3_config("tiny").dim == 64
+    assert RECIPES["llama3"].config("tiny").dim == 64 and RECIPES["llama3"].model is Llama3Model
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -108,8 +108,19 @@ def _check_tasks(cfg: Config, where: str) -> None:
 
 
 def _check_model(cfg: Config, where: str) -> None:
-    """The recipe's family checks its sections and builds the recipe config (no torch), so bad sizes and overrides
-    fail before any work."""
-    from lf_orchestrator.families import check_family
+    """Look ``model.recipe`` / ``model.size`` up in lf-ir's recipe registry (imports torch), then run the
+    recipe's family checks (sections, recipe config and graph), so a bad recipe, size or override fails before
+    any work."""
+    from lf_ir import recipe_spec
+    from lf_orchestrator.families import FAMILY_MODULES, check_family
 
+    m = cfg.model
+    try:  # the registry is the list of recipes (model.recipe is a str so that decoding needs no torch)
+        spec = recipe_spec(m.recipe, where="model.recipe")
+        spec.size_name(m.size)
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    if spec.family not in FAMILY_MODULES:
+        raise ConfigError(f"{where}: model.recipe: {m.recipe!r} (family {spec.family!r}) is registered in lf-ir but "
+                          f"lf run trains the families {sorted(FAMILY_MODULES)} only")
     check_family(cfg, where)

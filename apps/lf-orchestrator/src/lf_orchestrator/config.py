@@ -10,9 +10,10 @@ second.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import msgspec
 
@@ -100,15 +101,26 @@ class ActionTokenizerSection(_Section):
     fractions, ``warn`` prints that and trains on."""
 
 
+def _recipe_names() -> tuple[str, ...]:
+    """The recipes registered in lf-ir (imports ``lf_ir``, so torch: only for the schema and the model check)."""
+    from lf_ir import recipe_names
+
+    return recipe_names()
+
+
 class ModelSection(_Section):
     """``[model]``: the IR recipe, its named size and field overrides."""
 
-    recipe: Literal["vla", "vla_flow", "llama3", "qwen2_vl", "wan_dit", "wan_vae"] = "vla"
-    """IR recipe: ``vla`` (action tokens, cross-entropy) or ``vla_flow`` (pi0-style flow-matching action expert);
+    field_choices: ClassVar[dict[str, Callable[[], tuple[str, ...]]]] = {"recipe": _recipe_names}
+    """Fields whose accepted values come from a registry, read when asked (``lf config schema``)."""
+
+    recipe: str = "vla"
+    """IR recipe, one registered in lf-ir (``lf_ir.recipe_names()``; checked when the config loads):
+    ``vla`` (action tokens, cross-entropy) or ``vla_flow`` (pi0-style flow-matching action expert);
     ``llama3`` / ``qwen2_vl`` / ``wan_dit`` / ``wan_vae`` train the llm / vlm / video / video_vae families
     (``lf_orchestrator.families``)."""
     size: str = "small"
-    """Named size of the recipe."""
+    """Named size of the recipe, matched in any case (``8b`` = ``8B``)."""
     overrides: dict[str, int | float | bool | str | list[int | float]] = msgspec.field(default_factory=dict)
     """Recipe config fields to override (e.g. ``dim = 256``, ``norm_eps = 1e-5``, ``mrope_section = [8, 12, 12]``);
     each value is checked against the recipe field's type when the config loads."""

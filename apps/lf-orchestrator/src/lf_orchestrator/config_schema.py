@@ -54,18 +54,29 @@ def _struct_types(root: type) -> dict[str, type]:
     return found
 
 
+def field_choices(cls: type) -> dict[str, tuple[str, ...]]:
+    """The accepted values of the fields of struct ``cls`` that a registry lists (a string field checked when the
+    config loads, e.g. ``model.recipe``): its ``field_choices`` class attribute, field -> a function giving
+    them, called now. ``{}`` for a struct without one."""
+    return {field: tuple(get()) for field, get in getattr(cls, "field_choices", {}).items()}
+
+
 def schema_with_docs(root: type) -> dict[str, Any]:
     """msgspec's JSON Schema of struct ``root`` with each field's attribute docstring as its ``description``.
 
     msgspec puts class docstrings into the schema but not attribute docstrings (Python does not keep them);
     they are read from the source with :func:`attribute_docs`. A struct-valued field without one (``Config``'s
-    sections) is described by its struct's class docstring.
+    sections) is described by its struct's class docstring. A field of :func:`field_choices` gets its values as
+    an ``enum``.
     """
     schema = msgspec.json.schema(root)
     structs = _struct_types(root)
     for name, definition in schema.get("$defs", {}).items():
         docs = attribute_docs(structs[name]) if name in structs else {}
+        choices = field_choices(structs[name]) if name in structs else {}
         for field, prop in definition.get("properties", {}).items():
+            if field in choices:
+                prop["enum"] = list(choices[field])
             if field in docs:
                 prop["description"] = docs[field]
             elif "$ref" in prop:  # a section of Config: its class docstring says what it holds
@@ -90,13 +101,16 @@ def _type_name(tp: Any) -> str:
 
 def describe_keys(root: type) -> list[tuple[str, str, str, str]]:
     """``(dotted key, type, default as JSON, description)`` for every field of every section of struct ``root``
-    (``lf config schema --keys``), in the order the sections and fields are declared."""
+    (``lf config schema --keys``), in the order the sections and fields are declared; the type of a field of
+    :func:`field_choices` is its values (``'a' | 'b'``)."""
     rows = []
     for section in msgspec.structs.fields(root):
         struct = section.type
-        docs = attribute_docs(struct)
+        docs, choices = attribute_docs(struct), field_choices(struct)
         defaults = msgspec.to_builtins(section.default)
         for field in msgspec.structs.fields(struct):
             default = json.dumps(defaults[field.name])
-            rows.append((f"{section.name}.{field.name}", _type_name(field.type), default, docs.get(field.name, "")))
+            kind = (" | ".join(repr(c) for c in choices[field.name]) if field.name in choices
+                    else _type_name(field.type))
+            rows.append((f"{section.name}.{field.name}", kind, default, docs.get(field.name, "")))
     return rows

@@ -10,7 +10,6 @@ No pickle is ever read; the lf folder is written atomically file by file.
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 from typing import Annotated
@@ -23,13 +22,13 @@ convert_app = typer.Typer(help="Convert checkpoints between lf and Hugging Face 
                           no_args_is_help=True)
 console = make_console(stderr=True)
 
-CONVERTERS: dict[str, tuple[str, str, str, str, str]] = {
-    "llama3": ("import_hf_llama", "export_hf_llama", "llama3", "Llama3Config", "Llama3Model"),
-    "qwen2_vl": ("import_hf_qwen2_vl", "export_hf_qwen2_vl", "qwen2_vl", "Qwen2VLConfig", "Qwen2VLModel"),
-    "wan_dit": ("import_diffusers_wan", "export_diffusers_wan", "wan_dit", "WanDiTConfig", "WanDiTModel"),
-    "wan_vae": ("import_diffusers_wan_vae", "export_diffusers_wan_vae", "wan_vae", "WanVAEConfig", "WanVAE"),
-}
-"""Recipe -> (import function, export function in ``lf_ir.interop``, recipe module, config class, model class)."""
+
+def converters() -> dict[str, object]:
+    """Recipe -> its :class:`lf_ir.RecipeSpec`, for the registered recipes that have HF / diffusers converters
+    (``import_hf`` and ``export_hf``, functions of ``lf_ir.interop``)."""
+    from lf_ir import RECIPES
+
+    return {name: spec for name, spec in sorted(RECIPES.items()) if spec.import_hf and spec.export_hf}
 
 
 def _fail(message: str) -> None:
@@ -37,28 +36,30 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _check_recipe(recipe: object, where: str) -> str:
-    if recipe not in CONVERTERS:
-        _fail(f"{where}: no converter for {recipe!r}; available: {list(CONVERTERS)}")
-    return str(recipe)
+def _check_recipe(recipe: object, where: str):
+    """The spec of ``recipe``; exit 2 naming ``where`` and the recipes with converters when it has none."""
+    available = converters()
+    if not isinstance(recipe, str) or recipe not in available:
+        _fail(f"{where}: no converter for {recipe!r}; available: {list(available)}")
+    return available[recipe]
 
 
 @convert_app.command("import-hf")
 def import_hf(src: Annotated[Path, typer.Argument(help="Peer model folder (config.json + safetensors).")],
               dst: Annotated[Path, typer.Argument(help="lf model folder to write.")],
-              recipe: Annotated[str, typer.Option(help=f"Recipe of the model: {', '.join(CONVERTERS)}.")] = "llama3"):
+              recipe: Annotated[str, typer.Option(help="Recipe of the model: a registered recipe with "
+                                                  "HF / diffusers converters (a wrong one lists them).")] = "llama3"):
     """Read a transformers / diffusers checkpoint into an lf model folder (model.json + model.safetensors)."""
-    _check_recipe(recipe, "--recipe")
+    recipe_spec = _check_recipe(recipe, "--recipe")
     if not (src / "config.json").is_file():
         _fail(f"{src}: not a Hugging Face model folder (no config.json)")
     import msgspec
     from safetensors.torch import save_file
 
-    from lf_ir import interop
     from lf_orchestrator._atomic import atomic_path, write_text_atomic
 
     try:
-        cfg, state = getattr(interop, CONVERTERS[recipe][0])(src)
+        cfg, state = recipe_spec.import_hf(src)
     except (ValueError, KeyError, FileNotFoundError) as err:
         _fail(f"{src}: {err}")
     dst.mkdir(parents=True, exist_ok=True)
@@ -76,21 +77,16 @@ def export_hf(src: Annotated[Path, typer.Argument(help="lf model folder (model.j
     if not (src / "model.json").is_file() or not (src / "model.safetensors").is_file():
         _fail(f"{src}: not an lf model folder (needs model.json and model.safetensors)")
     spec = json.loads((src / "model.json").read_text())
-    recipe = _check_recipe(spec.get("recipe"), f"{src / 'model.json'}: recipe")
+    recipe = spec.get("recipe")
+    recipe_spec = _check_recipe(recipe, f"{src / 'model.json'}: recipe")
     import msgspec
-    import torch
     from safetensors.torch import load_file
 
-    from lf_ir import interop
-
-    _, export_name, module_name, cfg_name, model_name = CONVERTERS[recipe]
-    module = importlib.import_module(f"lf_ir.recipes.{module_name}")
     try:
-        cfg = msgspec.convert(spec["config"], getattr(module, cfg_name))
+        cfg = msgspec.convert(spec["config"], recipe_spec.config_class)
     except (msgspec.ValidationError, KeyError) as err:
         _fail(f"{src / 'model.json'}: config: {err}")
-    with torch.device("meta"):
-        model = getattr(module, model_name)(cfg)
+    model = recipe_spec.build_model(cfg)
     try:
         state = load_file(str(src / "model.safetensors"))
     except Exception as err:  # safetensors raises its own error types for files of another format
@@ -99,5 +95,5 @@ def export_hf(src: Annotated[Path, typer.Argument(help="lf model folder (model.j
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as err:
         _fail(f"{src / 'model.safetensors'}: weights do not fit the {recipe} config in model.json: {err}")
-    getattr(interop, export_name)(model, dst)
+    recipe_spec.export_hf(model, dst)
     console.print(f"wrote {dst}")

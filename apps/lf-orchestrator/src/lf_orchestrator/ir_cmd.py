@@ -18,38 +18,31 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _recipe_module(recipe: str):
-    from lf_ir.recipes import RECIPES
+def _recipe_spec(recipe: str):
+    from lf_ir import recipe_spec
 
-    if recipe not in RECIPES:
-        raise ValueError(f"--recipe: unknown recipe {recipe!r}; expected one of {sorted(RECIPES)}")
-    return RECIPES[recipe]
+    return recipe_spec(recipe, where="--recipe")
 
 
 def missing_size(recipe: str) -> str:
-    """The message for ``--recipe`` given without ``--size``: names the recipe's sizes (its ``SIZES``).
+    """The message for ``--recipe`` given without ``--size``: names the recipe's sizes (its ``RecipeSpec.sizes``).
 
     Raises:
         ValueError: unknown recipe (lists the recipes).
     """
-    sizes = sorted(getattr(_recipe_module(recipe), "SIZES", {}))
-    example = "tiny" if "tiny" in sizes else sizes[0]
-    return f"--size: missing; the {recipe} recipe's sizes are {sizes} (e.g. --recipe {recipe} --size {example})"
-
-
-TYPICAL_TRAIN_SEQ = {"llama3": 8192}
-"""Tokens per sample `lf ir show` uses by default, per recipe: the length the family is typically trained at
-(Llama 3 pre-training: 8192, the context before long-context extension; arXiv 2407.21783 section 3.4), not the
-model's maximum. Recipes not listed use their graph's own ``seq_len``."""
+    spec = _recipe_spec(recipe)
+    return (f"--size: missing; the {recipe} recipe's sizes are {sorted(spec.sizes)} "
+            f"(e.g. --recipe {recipe} --size {spec.tiny})")
 
 
 def default_seq(recipe: str, cfg: Any) -> tuple[Optional[int], str]:
     """(``--seq`` to use when none is given, a note saying where it comes from) for ``recipe``'s config ``cfg``.
 
-    The typical training length of :data:`TYPICAL_TRAIN_SEQ`, capped at the model's ``max_seq_len``; None (the
-    graph's ``seq_len``) for other recipes.
+    The recipe's typical training length (``lf_ir.RecipeSpec.train_seq_len``: Llama 3 pre-training's 8192, not
+    the model's 131,072-token maximum), capped at the model's ``max_seq_len``; None (the graph's ``seq_len``)
+    for recipes without one.
     """
-    typical = TYPICAL_TRAIN_SEQ.get(recipe)
+    typical = _recipe_spec(recipe).train_seq_len
     longest = getattr(cfg, "max_seq_len", None)
     if typical is None:
         return None, "the recipe graph's sequence length"
@@ -60,33 +53,26 @@ def default_seq(recipe: str, cfg: Any) -> tuple[Optional[int], str]:
 
 
 def build_recipe_graph(recipe: str, size: str, seq: Optional[int]):
-    """(recipe config, IR graph, main component name) for any recipe of ``lf_ir.recipes.RECIPES``.
+    """(recipe config, IR graph, main component name) for any registered recipe (``lf_ir.recipe_spec``).
 
-    The recipe module must offer ``<recipe>_config(size)`` (or ``config(size)``) and
-    ``build_graph(cfg)``; ``seq`` is passed as ``build_graph(cfg, seq_len=seq)`` when
-    ``build_graph`` takes ``seq_len``. The main component is the one with the most
-    forward FLOPs: its ``seq_len`` is the "tokens per sample" FLOPs per token refer to.
+    ``size`` matches the recipe's sizes in any case; ``seq`` is passed as ``build_graph(cfg, seq_len=seq)`` when
+    the recipe's ``build_graph`` takes ``seq_len``. The main component is the one with the most forward FLOPs:
+    its ``seq_len`` is the "tokens per sample" FLOPs per token refer to.
 
     Raises:
         ValueError: unknown recipe or size, or ``seq`` for a recipe whose length is fixed.
     """
-    import inspect
-
     from lf_ir import IRError
     from lf_ir._cost import node_forward_flops
 
-    module = _recipe_module(recipe)
-    factory = getattr(module, f"{recipe}_config", None) or getattr(module, "config", None)
-    if factory is None:
-        raise ValueError(f"--recipe: recipe {recipe!r} has no {recipe}_config(size) factory")
-    cfg = factory(size)
-    takes_seq = "seq_len" in inspect.signature(module.build_graph).parameters
-    if seq is not None and not takes_seq:
+    spec = _recipe_spec(recipe)
+    cfg = spec.config(spec.size_name(size, where="--size"))
+    if seq is not None and not spec.takes_seq_len:
         raise ValueError(f"--seq: the {recipe} recipe's sequence length follows from its config")
     if seq is not None and seq <= 0:
         raise ValueError(f"--seq: must be a positive number of tokens, got {seq}")
     try:
-        graph = module.build_graph(cfg, seq_len=seq) if seq is not None else module.build_graph(cfg)
+        graph = spec.build_graph(cfg, seq_len=seq) if seq is not None else spec.build_graph(cfg)
     except IRError as err:
         raise ValueError(f"recipe {recipe} size {size}: {err}") from err
     main = max(graph.components, key=lambda c: sum(node_forward_flops(n, 1, c.seq_len) for n in c.nodes))
@@ -94,9 +80,10 @@ def build_recipe_graph(recipe: str, size: str, seq: Optional[int]):
 
 
 @ir_app.command("show")
-def show(recipe: Annotated[str, typer.Option(help="Recipe name (any of lf_ir.recipes.RECIPES).")],
-         size: Annotated[Optional[str], typer.Option(help="Named size of the recipe, e.g. tiny, 1B, 8B, 70B, "
-                                                         "small (without it, the error lists them).")] = None,
+def show(recipe: Annotated[str, typer.Option(help="Recipe name (any registered in lf_ir.recipes, "
+                                                          "e.g. llama3, qwen2_vl, wan_dit, vla).")],
+         size: Annotated[Optional[str], typer.Option(help="Named size of the recipe (any case), e.g. tiny, "
+                                                         "8B, small (without it, the error lists them).")] = None,
          seq: Annotated[Optional[int], typer.Option(help="Tokens per sample, for recipes whose "
                                                          "build_graph takes seq_len.")] = None,
          batch: Annotated[int, typer.Option(help="Samples per micro-batch for the table.")] = 1,
@@ -115,6 +102,7 @@ def show(recipe: Annotated[str, typer.Option(help="Recipe name (any of lf_ir.rec
     try:
         if size is None:
             _fail(missing_size(recipe))
+        size = _recipe_spec(recipe).size_name(size, where="--size")  # its registered spelling: 8b -> 8B
         if seq is None:
             cfg, _, _ = build_recipe_graph(recipe, size, None)
             seq, seq_note = default_seq(recipe, cfg)
@@ -140,9 +128,7 @@ def show(recipe: Annotated[str, typer.Option(help="Recipe name (any of lf_ir.rec
         return
     print(f"{recipe} {size}: {totals['params']:,} parameters; {tokens:,} tokens per sample ({main!r})")
     if seq_note != "--seq":
-        import inspect
-
-        takes_seq = "seq_len" in inspect.signature(_recipe_module(recipe).build_graph).parameters
+        takes_seq = _recipe_spec(recipe).takes_seq_len
         print(f"tokens per sample: {tokens:,}, the default: {seq_note}"
               + (" (--seq to change)" if takes_seq else " (fixed by the recipe config)"))
     print(f"FLOPs per sample: forward {fwd:.4g}, forward + backward {fwd + bwd:.4g} (dense attention)")

@@ -10,8 +10,6 @@ rates are this GPU's cached measurement when it is the cluster's model, else the
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 from pathlib import Path
 from typing import Annotated, Literal, Optional
@@ -50,15 +48,10 @@ def _fail(message: str) -> None:
 
 
 def _recipe(name: str):
-    from lf_ir.recipes import RECIPES
+    """The registered :class:`lf_ir.RecipeSpec` of ``--recipe`` / ``model.recipe`` (ValueError naming them)."""
+    from lf_ir import recipe_spec
 
-    if name in RECIPES:
-        return RECIPES[name]
-    try:
-        return importlib.import_module(f"lf_ir.recipes.{name}")
-    except ModuleNotFoundError:
-        raise ValueError(f"--recipe: unknown recipe {name!r}; expected one of {sorted({*RECIPES, 'wan_dit'})}") \
-            from None
+    return recipe_spec(name, where="--recipe")
 
 
 def _clip_tokens(cfg, rcfg) -> int:
@@ -76,36 +69,51 @@ def _clip_tokens(cfg, rcfg) -> int:
     return math.prod(g // p for g, p in zip(grid, rcfg.patch, strict=True))
 
 
-def _run_sample(cfg) -> tuple[int | None, dict]:
-    """(tokens per sample, more ``build_graph`` arguments) of the sample a run config trains on, where the
-    recipe's default graph is not it: llama3 rows of ``corpus.seq_len`` (not the recipe's 131,072-token
-    ``max_seq_len``), qwen2_vl samples of one ``vlm.image_size`` image (:mod:`.families.vlm`), wan_dit clips of
-    ``video.frames`` (:func:`_clip_tokens`), wan_vae clips of ``video.frames`` x ``data.image_size`` squared
-    (:mod:`.families.video_vae`), not the recipes' 81 x 480 x 832; else (None, {})."""
-    recipe = cfg.model.recipe
-    if recipe == "llama3":
-        return cfg.corpus.seq_len, {}
-    if recipe == "wan_vae":
-        side = cfg.data.image_size
-        return None, {"frames": cfg.video.frames, "height": side, "width": side}
-    if recipe in ("qwen2_vl", "wan_dit"):
+def _llm_sample(cfg, rcfg) -> tuple[int | None, dict]:
+    return cfg.corpus.seq_len, {}
+
+
+def _vlm_sample(cfg, rcfg) -> tuple[int | None, dict]:
+    from lf_orchestrator.families.vlm import PROMPT_TOKENS, image_tokens
+
+    tokens = image_tokens(cfg.vlm.image_size, rcfg)
+    return tokens + PROMPT_TOKENS, {"image_patches": tokens * rcfg.spatial_merge_size ** 2}
+
+
+def _video_sample(cfg, rcfg) -> tuple[int | None, dict]:
+    return _clip_tokens(cfg, rcfg), {}
+
+
+def _video_vae_sample(cfg, rcfg) -> tuple[int | None, dict]:
+    side = cfg.data.image_size
+    return None, {"frames": cfg.video.frames, "height": side, "width": side}
+
+
+_FAMILY_SAMPLE = {"llm": (_llm_sample, "the run config's corpus.seq_len"),
+                  "vlm": (_vlm_sample, "the run config's sample: one vlm.image_size image and the prompt"),
+                  "video": (_video_sample, "the run config's sample: the latent tokens of one video.frames clip"),
+                  "video_vae": (_video_vae_sample, "the run config's sample: one video.frames clip of data.image_size")}
+"""Family (``lf_ir.RecipeSpec.family`` of ``model.recipe``) -> (the sample a run config trains on, where it comes
+from, as the commands print it). A family not listed trains on its recipe graph's default sample."""
+
+
+def _run_sample(cfg) -> tuple[int | None, dict, str]:
+    """(tokens per sample, more ``build_graph`` arguments, where they come from) of the sample a run config trains
+    on, by the family of its recipe, where the recipe's default graph is not it: llm rows of ``corpus.seq_len``
+    (not llama3's 131,072-token ``max_seq_len``), vlm samples of one ``vlm.image_size`` image
+    (:mod:`.families.vlm`), video clips of ``video.frames`` (:func:`_clip_tokens`), video_vae clips of
+    ``video.frames`` x ``data.image_size`` squared (:mod:`.families.video_vae`), not the recipes' 81 x 480 x 832;
+    else (None, {}, the recipe graph's sample)."""
+    family = _recipe(cfg.model.recipe).family
+    if family not in _FAMILY_SAMPLE:
+        return None, {}, "the recipe graph's sample"
+    sample, source = _FAMILY_SAMPLE[family]
+    rcfg = None
+    if family in ("vlm", "video"):
         from lf_orchestrator.families.recipes import recipe_config
 
-        rcfg, _ = recipe_config(recipe, cfg.model.size, cfg.model.overrides)
-        if recipe == "wan_dit":
-            return _clip_tokens(cfg, rcfg), {}
-        from lf_orchestrator.families.vlm import PROMPT_TOKENS, image_tokens
-
-        tokens = image_tokens(cfg.vlm.image_size, rcfg)
-        return tokens + PROMPT_TOKENS, {"image_patches": tokens * rcfg.spatial_merge_size ** 2}
-    return None, {}
-
-
-_SAMPLE_FROM = {"llama3": "the run config's corpus.seq_len",
-                "qwen2_vl": "the run config's sample: one vlm.image_size image and the prompt",
-                "wan_dit": "the run config's sample: the latent tokens of one video.frames clip",
-                "wan_vae": "the run config's sample: one video.frames clip of data.image_size"}
-"""Where :func:`_run_sample` takes a run config's tokens per sample from, by recipe (what the commands print)."""
+        rcfg, _ = recipe_config(cfg.model.recipe, cfg.model.size, cfg.model.overrides)
+    return *sample(cfg, rcfg), source
 
 
 def load_run_config(config: Optional[Path], overrides: Optional[list[str]] = None, recipe: Optional[str] = None):
@@ -138,26 +146,26 @@ def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[
         recipe, size = recipe or cfg.model.recipe, size or cfg.model.size
         overrides, batch = dict(cfg.model.overrides), cfg.train.global_batch
         if seq is None and same_recipe:
-            seq, graph_kw = _run_sample(cfg)
-            source = _SAMPLE_FROM.get(recipe, "the recipe graph's sample")
+            seq, graph_kw, source = _run_sample(cfg)
     if recipe and not size:
         from lf_orchestrator.ir_cmd import missing_size
 
         raise ValueError(missing_size(recipe))
     if not recipe or not size:
         raise ValueError("give a run CONFIG, or --recipe and --size (e.g. --recipe llama3 --size 70B)")
-    module = _recipe(recipe)
-    factory = getattr(module, f"{recipe}_config", None) or module.config
-    cfg = factory(size, **overrides)
+    spec = _recipe(recipe)
+    cfg = spec.config(size, **overrides)
     if recipe in ("wan_dit", "wan_vae") and (frames or height or width):
         source = "--frames / --height / --width"
     if recipe == "wan_dit" and (frames or height or width):
-        seq = module.video_tokens(cfg, frames, height, width)
+        from lf_ir import video_tokens
+
+        seq = video_tokens(cfg, frames, height, width)
     if recipe == "wan_vae" and (frames or height or width):
         clip = {"frames": frames, "height": height, "width": width}
         graph_kw = {**(graph_kw or {"frames": 81, "height": 480, "width": 832}),
                     **{k: v for k, v in clip.items() if v}}
-    takes_seq = "seq_len" in inspect.signature(module.build_graph).parameters
+    takes_seq = spec.takes_seq_len
     if seq is not None and not takes_seq:
         raise ValueError(f"--seq: the {recipe} recipe's sequence length follows from its config")
     if seq is None and takes_seq and not source:  # not the model's maximum, silently
@@ -167,7 +175,7 @@ def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[
     if seq_from is not None:
         source = source or "the recipe graph's sample"
         seq_from.append(source if source.startswith("--") or not takes_seq else f"{source} (--seq to change)")
-    graph = module.build_graph(cfg, **({"seq_len": seq} if seq else {}), **graph_kw)
+    graph = spec.build_graph(cfg, **({"seq_len": seq} if seq else {}), **graph_kw)
     from lf_memory._estimate_graph import graph_view
 
     return graph, graph.component(graph_view(graph).main).seq_len, batch

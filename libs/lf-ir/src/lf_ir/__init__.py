@@ -58,7 +58,7 @@ from lf_ir._nodes_video import AdaLNHead, AdaLNModulation, RoPE3D, TextProjectio
 from lf_ir._nodes_vision import FeedForward, PatchEmbed3D, PatchMerger
 from lf_ir._rope_torch import apply_rope, rope_cos_sin, rope_inv_freq
 from lf_ir._table import ComponentCost, GraphCost, cost_table, graph_cost
-from lf_ir.recipes import RECIPES
+from lf_ir.recipes import RECIPES, RecipeSpec, recipe_names, recipe_spec, register_recipe
 from lf_ir.recipes.llama3 import Llama3Config, Llama3Model, llama3_config, next_token_loss
 from lf_ir.recipes.qwen2_vl import Qwen2VLConfig, Qwen2VLModel, qwen2_vl_config
 from lf_ir.recipes.vla import VLAConfig, VLAModel, vla_config
@@ -69,19 +69,19 @@ from lf_ir.recipes.wan_vae import WanVAE, WanVAEConfig, decode_flops, encode_flo
 __version__ = "0.6.2"
 
 __all__ = [
-    "ActionTimeEmbed", "JointAttentionBlock", "VLAFlowConfig", "VLAFlowModel", "vla_flow_config",
-    "AdaLNHead", "AdaLNModulation", "Attention", "CausalConv3D", "ChannelRMSNorm", "Component", "ComponentCost",
-    "ComponentModule", "DiTAttention", "DiTBlock", "Edge", "Embedding", "FeedForward", "FlowMatchingLoss", "Graph",
-    "GraphCost", "IRError", "LearnedPositional", "Linear", "Llama3Config", "Llama3Model", "LMHead", "LMHeadModule",
-    "Mask", "MaskKind", "MLP", "MMAttention", "MMBlock", "MRoPE", "Node", "Norm", "PatchEmbed2D", "PatchEmbed3D",
-    "PatchMerger", "Qwen2VLConfig", "Qwen2VLModel", "RECIPES", "RoPE", "RoPE3D", "SeqSplit", "TextProjection",
-    "TimestepEmbedding", "TPStyle", "TransformerBlock", "TransformerBlockModule", "VAEAttention", "VAEResample",
-    "VAEResBlock", "VideoPatchEmbed", "VisionRoPE", "VLAConfig", "VLAModel", "WanDiTConfig", "WanDiTModel",
-    "WanVAE", "WanVAEConfig", "apply_rope", "as_mask", "backward_flops", "cost_table", "decode_flops",
-    "encode_flops", "flow", "forward_flops", "from_json", "graph_cost", "init_weights", "latent_grid",
-    "latent_shape", "lf_modules", "llama3_config", "lower_node", "materialize", "mrope_cos_sin",
-    "mrope_position_ids", "next_token_loss", "node_backward_flops", "node_forward_flops", "node_params",
-    "param_count", "qwen2_vl_config", "register_lowering", "rope_cos_sin", "rope_inv_freq", "summary_rows",
-    "to_json", "validate", "video_tokens", "vision_rope_cos_sin", "vla_config", "wan_dit_config", "wan_vae_config",
-    "RMSNormModule", "use_fused_ops",
+    "ActionTimeEmbed", "JointAttentionBlock", "VLAFlowConfig", "VLAFlowModel", "vla_flow_config", "AdaLNHead",
+    "AdaLNModulation", "Attention", "CausalConv3D", "ChannelRMSNorm", "Component", "ComponentCost", "ComponentModule",
+    "DiTAttention", "DiTBlock", "Edge", "Embedding", "FeedForward", "FlowMatchingLoss", "Graph", "GraphCost",
+    "IRError", "LearnedPositional", "Linear", "Llama3Config", "Llama3Model", "LMHead", "LMHeadModule", "Mask",
+    "MaskKind", "MLP", "MMAttention", "MMBlock", "MRoPE", "Node", "Norm", "PatchEmbed2D", "PatchEmbed3D",
+    "PatchMerger", "Qwen2VLConfig", "Qwen2VLModel", "RECIPES", "RecipeSpec", "RoPE", "RoPE3D", "SeqSplit",
+    "TextProjection", "TimestepEmbedding", "TPStyle", "TransformerBlock", "TransformerBlockModule", "VAEAttention",
+    "VAEResample", "VAEResBlock", "VideoPatchEmbed", "VisionRoPE", "VLAConfig", "VLAModel", "WanDiTConfig",
+    "WanDiTModel", "WanVAE", "WanVAEConfig", "apply_rope", "as_mask", "backward_flops", "cost_table", "decode_flops",
+    "encode_flops", "flow", "forward_flops", "from_json", "graph_cost", "init_weights", "latent_grid", "latent_shape",
+    "lf_modules", "llama3_config", "lower_node", "materialize", "mrope_cos_sin", "mrope_position_ids",
+    "next_token_loss", "node_backward_flops", "node_forward_flops", "node_params", "param_count", "qwen2_vl_config",
+    "recipe_names", "recipe_spec", "register_lowering", "register_recipe", "rope_cos_sin", "rope_inv_freq",
+    "summary_rows", "to_json", "validate", "video_tokens", "vision_rope_cos_sin", "vla_config", "wan_dit_config",
+    "wan_vae_config", "RMSNormModule", "use_fused_ops",
 ]

@@ -31,10 +31,9 @@ WAN_SIZES = {"tiny": dict(dim=48, heads=4, ffn_dim=64)}
 
 
 def qwen2_vl_build(size: str) -> nn.Module:
-    from lf_ir.recipes.qwen2_vl import Qwen2VLModel, build_graph, qwen2_vl_config
+    from lf_parallel._harness_recipes import spec_model
 
-    cfg = qwen2_vl_config(size)
-    return Qwen2VLModel(cfg, build_graph(cfg, seq_len=QWEN2_VL_SEQ, image_patches=16))
+    return spec_model("qwen2_vl", size, graph_kw={"seq_len": QWEN2_VL_SEQ, "image_patches": 16})
 
 
 def qwen2_vl_batch(model: nn.Module, batch: int, seed: int) -> dict:
@@ -64,8 +63,10 @@ def patchify(x_bcfhw: torch.Tensor, patch: tuple[int, int, int]) -> torch.Tensor
 
 
 def _wan_class():
+    from lf_ir import recipe_spec
     from lf_ir.flow import interpolate, timesteps_from_sigmas, velocity_target
-    from lf_ir.recipes.wan_dit import WanDiTModel
+
+    WanDiTModel = recipe_spec("wan_dit").model  # noqa: N806  (the registered model class)
 
     class WanFlowLoss(WanDiTModel):
         """``WanDiTModel`` whose forward is the flow-matching loss (float32 scalar), whole or context-parallel.
@@ -101,12 +102,15 @@ def _wan_class():
 
 
 def wan_dit_build(size: str) -> nn.Module:
-    from lf_ir.recipes.wan_dit import build_graph, wan_dit_config
+    from lf_ir import recipe_spec
+    from lf_parallel._harness_recipes import spec_model
 
-    cfg = wan_dit_config(size, **WAN_SIZES.get(size, {}))
+    spec = recipe_spec("wan_dit")
+    overrides = WAN_SIZES.get(spec.size_name(size, where="--size"), {})
+    patch = spec.config(size, **overrides).patch
     f, h, w = WAN_LATENT
-    tokens = (f // cfg.patch[0]) * (h // cfg.patch[1]) * (w // cfg.patch[2])
-    return _wan_class()(cfg, build_graph(cfg, seq_len=tokens))
+    tokens = (f // patch[0]) * (h // patch[1]) * (w // patch[2])
+    return spec_model("wan_dit", size, graph_kw={"seq_len": tokens}, model_class=_wan_class(), **overrides)
 
 
 def wan_dit_batch(model: nn.Module, batch: int, seed: int) -> dict:

@@ -1,7 +1,8 @@
-"""Tiny models, fixed random batches and losses of the recipes the parallel harness can check.
+"""Fixed random batches and losses of the recipes the parallel harness can check.
 
 The only place in lf-parallel that names recipes: it knows how to feed them, not
-how to split them (that comes from the IR).
+how to split them (that comes from the IR). Their configs, sizes, graphs and model
+classes come from lf-ir's recipe registry (:func:`spec_model`).
 """
 
 from __future__ import annotations
@@ -35,25 +36,45 @@ class HarnessRecipe:
     attention is context-parallel. None: the recipe has no context-parallel feeding (plans with cp > 1 fail)."""
 
 
-def _llama_build(size: str) -> nn.Module:
-    from lf_ir.recipes.llama3 import Llama3Model, llama3_config
+def spec_model(recipe: str, size: str, *, graph_kw: dict | None = None, edit_graph=None, model_class=None,
+               **overrides) -> nn.Module:
+    """The model of registered ``recipe`` (``lf_ir.recipe_spec``) at ``size`` (any case) with config
+    ``overrides``, on the current default device (meta in the harness).
 
-    return Llama3Model(llama3_config(size))
+    ``graph_kw``: more ``build_graph`` arguments (the harness's sample length); ``edit_graph``: graph -> graph
+    before lowering; ``model_class``: a subclass of the spec's model to build instead.
+
+    Raises:
+        ValueError: unknown recipe or size (naming the registered ones).
+    """
+    from lf_ir import recipe_spec
+
+    spec = recipe_spec(recipe, where="--recipe")
+    cfg = spec.config(spec.size_name(size, where="--size"), **overrides)
+    graph = spec.build_graph(cfg, **(graph_kw or {}))
+    if edit_graph is not None:
+        graph = edit_graph(graph)
+    return (model_class or spec.model)(cfg, graph)
+
+
+def _llama_build(size: str) -> nn.Module:
+    return spec_model("llama3", size)
+
+
+def _vocab_parallel_embedding(graph):
+    """``graph`` with its embedding tables row-split by tensor parallelism (``tp="row"``)."""
+    import msgspec
+
+    from lf_ir import Embedding
+
+    text = graph.components[0]
+    nodes = [msgspec.structs.replace(n, tp="row") if isinstance(n, Embedding) else n for n in text.nodes]
+    return msgspec.structs.replace(graph, components=[msgspec.structs.replace(text, nodes=nodes)])
 
 
 def _llama_vocab_parallel_build(size: str) -> nn.Module:
     """llama3 with a vocab-parallel (``tp="row"``) embedding table tied to the head."""
-    import msgspec
-
-    from lf_ir import Embedding
-    from lf_ir.recipes.llama3 import Llama3Model, build_graph, llama3_config
-
-    cfg = llama3_config(size, tie_embeddings=True)
-    graph = build_graph(cfg)
-    text = graph.components[0]
-    nodes = [msgspec.structs.replace(n, tp="row") if isinstance(n, Embedding) else n for n in text.nodes]
-    graph = msgspec.structs.replace(graph, components=[msgspec.structs.replace(text, nodes=nodes)])
-    return Llama3Model(cfg, graph=graph)
+    return spec_model("llama3", size, edit_graph=_vocab_parallel_embedding, tie_embeddings=True)
 
 
 def _llama_batch(model: nn.Module, batch: int, seed: int) -> dict:
@@ -79,9 +100,7 @@ def _llama_cp_loss(model: nn.Module, batch: dict, cp) -> torch.Tensor:
 
 
 def _vla_build(size: str) -> nn.Module:
-    from lf_ir.recipes.vla import VLAModel, vla_config
-
-    return VLAModel(vla_config(size))
+    return spec_model("vla", size)
 
 
 def _vla_batch(model: nn.Module, batch: int, seed: int) -> dict:

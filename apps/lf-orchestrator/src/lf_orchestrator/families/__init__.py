@@ -12,20 +12,25 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-FAMILY_RECIPES: dict[str, str] = {"llama3": "llm", "qwen2_vl": "vlm", "wan_dit": "video",
-                                  "wan_vae": "video_vae", "vla": "vla", "vla_flow": "vla"}
-"""``model.recipe`` -> family module under ``lf_orchestrator.families``."""
+FAMILY_MODULES: dict[str, str] = {"llm": "llm", "vlm": "vlm", "video": "video", "video_vae": "video_vae",
+                                  "vla": "vla", "vla_flow": "vla"}
+"""A recipe's family (``lf_ir.RecipeSpec.family``) -> its module under ``lf_orchestrator.families``."""
 
 
 def family_module(recipe: str):
-    """The family module (``llm``, ``vlm``, ``video``, ``video_vae``, ``vla``) of ``model.recipe``; KeyError
-    otherwise. Each has ``make_family(cfg, run_dir, ctx)``."""
-    return importlib.import_module(f"lf_orchestrator.families.{FAMILY_RECIPES[recipe]}")
+    """The family module of ``model.recipe`` (by its :class:`lf_ir.RecipeSpec` family); each has
+    ``make_family(cfg, run_dir, ctx)``. Raises ValueError for an unknown recipe, KeyError for a family that
+    ``lf run`` does not train (the config check refuses both first)."""
+    from lf_ir import recipe_spec
+
+    return importlib.import_module(f"lf_orchestrator.families.{FAMILY_MODULES[recipe_spec(recipe).family]}")
 
 
 def check_family(cfg: Any, where: str) -> None:
     """Config checks of the recipe's family; ConfigError naming the dotted key otherwise."""
-    if FAMILY_RECIPES[cfg.model.recipe] == "vla":  # its recipe config needs the fitted encoder: nominal sizes
+    from lf_ir import recipe_spec
+
+    if FAMILY_MODULES[recipe_spec(cfg.model.recipe).family] == "vla":  # its config needs the fitted encoder
         from lf_orchestrator.families.vla.checks import check_vla_config
 
         return check_vla_config(cfg, where)
@@ -34,4 +39,4 @@ def check_family(cfg: Any, where: str) -> None:
     check_family_config(cfg, where)
 
 
-__all__ = ["FAMILY_RECIPES", "check_family", "family_module"]
+__all__ = ["FAMILY_MODULES", "check_family", "family_module"]

@@ -29,7 +29,10 @@ def check_family_config(cfg, where: str) -> None:
     except (ValueError, TypeError, msgspec.ValidationError) as err:
         raise ConfigError(f"{where}: model: {err}") from None
     check_train_plan_fields(cfg, where)
-    if m.recipe == "llama3":
+    from lf_ir import recipe_spec
+
+    family = recipe_spec(m.recipe, where="model.recipe").family
+    if family == "llm":
         c = cfg.corpus
         for key, value, low in (("corpus.max_chars", c.max_chars, 1000), ("corpus.seq_len", c.seq_len, 8),
                                 ("corpus.min_chars", c.min_chars, 1)):
@@ -42,7 +45,7 @@ def check_family_config(cfg, where: str) -> None:
         if rcfg.vocab_size < 300:
             _fail(where, "model.overrides.vocab_size", "at least 300 (256 byte tokens + merges + specials)",
                   rcfg.vocab_size)
-    elif m.recipe == "qwen2_vl":
+    elif family == "vlm":
         v, side = cfg.vlm, rcfg.patch_size * rcfg.spatial_merge_size
         if v.image_size < side or v.image_size % side:
             _fail(where, "vlm.image_size", f"a positive multiple of patch_size * spatial_merge_size ({side})",
@@ -51,9 +54,9 @@ def check_family_config(cfg, where: str) -> None:
             _fail(where, "vlm.frame_stride", "an integer >= 1", v.frame_stride)
         if not 0 < v.eval_fraction < 1:
             _fail(where, "vlm.eval_fraction", "a number in (0, 1)", v.eval_fraction)
-    elif m.recipe == "wan_dit":
+    elif family == "video":
         _check_video(cfg, rcfg, where)
-    elif m.recipe == "wan_vae":
+    elif family == "video_vae":
         _check_vae(cfg, rcfg, where)
 
 
@@ -85,21 +88,25 @@ def _check_vae(cfg, vae, where: str) -> None:
 def _video_vae_config(v, where: str):
     """The VAE config a video run encodes with: the wan_vae run's when ``video.vae_weights`` names an existing
     run folder (its ``model.size`` must be ``video.vae_size``), else ``video.vae_size``'s."""
-    from lf_ir.recipes.wan_vae import SIZES as VAE_SIZES
-    from lf_ir.recipes.wan_vae import wan_vae_config
+    from lf_ir import recipe_spec
     from lf_orchestrator.families._vae_run import is_vae_run, run_vae_config
 
-    if v.vae_size not in VAE_SIZES:
-        _fail(where, "video.vae_size", f"one of {sorted(VAE_SIZES)}", v.vae_size)
+    spec = recipe_spec("wan_vae")
+    try:
+        vae_size = spec.size_name(v.vae_size, where="video.vae_size")
+    except ValueError as err:
+        from lf_orchestrator.config import ConfigError
+
+        raise ConfigError(f"{where}: {err}") from None
     if not is_vae_run(v.vae_weights):
-        return wan_vae_config(v.vae_size)
+        return spec.config(vae_size)
     try:
         size, vae = run_vae_config(v.vae_weights)
     except (FileNotFoundError, ValueError, TypeError, msgspec.ValidationError) as err:
         from lf_orchestrator.config import ConfigError
 
         raise ConfigError(f"{where}: {err}") from None
-    if size != v.vae_size:
+    if spec.size_name(size) != vae_size:
         _fail(where, "video.vae_size", f"the model.size of the wan_vae run {v.vae_weights} ({size!r})", v.vae_size)
     return vae
 

@@ -16,7 +16,8 @@ loss (:func:`video_loss_share`, :func:`lm_batch_shard`). The trainer then
   the same samples), so ``train/loss`` equals the one-process value.
 
 Evaluation under cp runs the same shards and sums them over the cp group
-(:func:`cp_all_sum`). Families wired: video (wan_dit) and llm (llama3); cp with tp or
+(:func:`cp_all_sum`). Recipes wired: those whose ``lf_ir.RecipeSpec.context_parallel`` names the kind
+(wan_dit of the video family, llama3 of the llm family); cp with tp or
 pp, the vlm family and ``cp_kind = "ring+ulysses"`` are refused before any work
 (:func:`cp_unsupported`, called by the config check and the plan resolution).
 
@@ -27,8 +28,6 @@ from __future__ import annotations
 
 import torch
 
-CP_RECIPES = ("wan_dit", "llama3")
-"""``model.recipe`` values whose family computes context-parallel loss shares."""
 CP_KINDS = ("ring", "ulysses")
 """``cp_kind`` values :func:`lf_parallel.parallelize` applies from the plan."""
 
@@ -37,12 +36,18 @@ def cp_unsupported(plan, recipe: str) -> str | None:
     """Why the recipe trainer cannot run ``plan`` (cp > 1) for ``model.recipe = recipe``; None when it can."""
     if plan.cp <= 1:
         return None
-    if recipe not in CP_RECIPES:
-        return (f"cp > 1 is wired into the recipe trainer for model.recipe in {list(CP_RECIPES)} only, "
-                f"got model.recipe = {recipe!r}")
+    from lf_ir import RECIPES, recipe_spec
+
+    kinds = recipe_spec(recipe, where="model.recipe").context_parallel
+    if not kinds:
+        wired = sorted(name for name, spec in RECIPES.items() if spec.context_parallel)
+        return (f"cp > 1 is wired into the recipe trainer for model.recipe in {wired} only (the recipes whose "
+                f"RecipeSpec.context_parallel is set), got model.recipe = {recipe!r}")
     if plan.cp_kind not in CP_KINDS:
         return (f"parallel.cp_kind = {plan.cp_kind!r} is not run by the recipe trainer (expected one of "
                 f"{list(CP_KINDS)}; 'ring+ulysses' needs a 2-D split of the cp group the plan does not describe)")
+    if plan.cp_kind not in kinds:
+        return f"parallel.cp_kind = {plan.cp_kind!r}: model.recipe = {recipe!r} runs cp_kind in {list(kinds)} only"
     if plan.tp > 1 or plan.pp > 1:
         return f"cp > 1 with tp > 1 or pp > 1 is not wired into the recipe trainer yet (got tp={plan.tp}, pp={plan.pp})"
     return None

@@ -26,55 +26,52 @@ import msgspec
 from lf_orchestrator.families._context import cp_unsupported, with_cp_kind
 from lf_parallel import Plan, PlanError, check_plan, choose_plan, parse_plan
 
-NO_SEQUENCE_PARALLEL = {"vla_flow": "its joint prefix / action-expert blocks take the prefix's key-padding mask "
-                                    "whole, which sequence parallel would split with the hidden states"}
-"""Recipes whose tensor-parallel plans cannot add sequence parallel (``sp``), and why."""
-
 
 def _supported(plan: Plan, lora: bool, recipe: str) -> str | None:
     why = cp_unsupported(plan, recipe)
     if why:
         return why
-    if plan.sp and plan.tp > 1 and recipe in NO_SEQUENCE_PARALLEL:
-        return f"sp (sequence parallel) is not supported for model.recipe = {recipe!r}: {NO_SEQUENCE_PARALLEL[recipe]}"
+    if plan.sp and plan.tp > 1:
+        from lf_ir import recipe_spec
+
+        if not recipe_spec(recipe, where="model.recipe").sequence_parallel:
+            return (f"sp (sequence parallel) is not supported for model.recipe = {recipe!r} (its RecipeSpec."
+                    f"sequence_parallel is not set); use tp without sp")
     if lora and plan.tp > 1:
         return "train.lora_rank > 0 with tp > 1 is not supported (LoRA wraps the linears tensor parallelism splits)"
     return None
-
-
-PIPELINE_RECIPES = {"llama3": "one trunk", "vla": "multimodal"}
-"""Recipes the trainer runs under ``pp > 1``, and how their stages are built (:mod:`lf_orchestrator.train.
-_pipeline_step`): ``one trunk`` from the graph alone, ``multimodal`` from the recipe model with its glue."""
 
 
 def _pipeline_unsupported(plan: Plan, cfg, graph) -> str | None:
     """Why the trainer cannot run ``plan.pp > 1`` for this config and graph (None: it can)."""
     import torch
 
-    from lf_ir import LMHead
+    from lf_ir import RECIPES, LMHead, recipe_spec
+    from lf_ir._pipeline_glue import PIPELINE_GLUE
     from lf_kernels import MaskSpec
     from lf_orchestrator.train._pipeline_step import SIDE
     from lf_parallel._pipeline import build_stage_module
     from lf_parallel._stages import split_stages
 
-    kind = PIPELINE_RECIPES.get(cfg.model.recipe)
-    if kind is None:
-        return (f"pp > 1 is wired into the trainer for model.recipe in {sorted(PIPELINE_RECIPES)} only, got "
-                f"model.recipe = {cfg.model.recipe!r}"
-                + (" (its joint prefix / action-expert blocks carry two streams, which the pipeline stages do "
-                   "not pass yet)" if cfg.model.recipe == "vla_flow" else ""))
+    spec = recipe_spec(cfg.model.recipe, where="model.recipe")
+    if not spec.pipeline:
+        wired = sorted(name for name, s in RECIPES.items() if s.pipeline)
+        return (f"pp > 1 is wired into the trainer for model.recipe in {wired} only (the recipes whose "
+                f"RecipeSpec.pipeline is set), got model.recipe = {cfg.model.recipe!r}")
+    # a model with lf-ir's pipeline glue: stage 0 runs its encoders (multimodal); else one trunk from the graph
+    kind = "multimodal" if all(callable(getattr(spec.model, m, None)) for m in PIPELINE_GLUE) else "one trunk"
     try:
         specs = split_stages(graph, plan.pp, virtual_stages=plan.pp_virtual_stages)
-        for spec in specs:  # on the meta device: no memory, raises what the real build would
+        for stage in specs:  # on the meta device: no memory, raises what the real build would
             if kind == "one trunk":
                 with torch.device("meta"):
-                    build_stage_module(graph, spec, MaskSpec(kind="causal"), SIDE)
+                    build_stage_module(graph, stage, MaskSpec(kind="causal"), SIDE)
                 continue
-            nodes = graph.component(spec.trunk).nodes
-            for node in nodes[spec.start:spec.stop]:  # a head tied to an embedding of another stage
+            nodes = graph.component(stage.trunk).nodes
+            for node in nodes[stage.start:stage.stop]:  # a head tied to an embedding of another stage
                 if isinstance(node, LMHead) and node.tied_to is not None and not any(
-                        n.name == node.tied_to for n in nodes[spec.start:spec.stop]):
-                    raise ValueError(f"stage {spec.index}: head {node.name!r} is tied to {node.tied_to!r} on "
+                        n.name == node.tied_to for n in nodes[stage.start:stage.stop]):
+                    raise ValueError(f"stage {stage.index}: head {node.name!r} is tied to {node.tied_to!r} on "
                                      f"another stage")
     except ValueError as err:
         return f"pp={plan.pp}: {err}"

@@ -1,28 +1,26 @@
-"""Recipe configs and lowered models of the family recipes, built on the meta device and materialized."""
+"""Recipe configs and lowered models of ``model.recipe``, read from lf-ir's recipe registry
+(``lf_ir.recipe_spec``): built on the meta device and materialized."""
 
 from __future__ import annotations
 
-import importlib
 import typing
 
 import msgspec
 
-_MODEL = {"llama3": ("Llama3Config", "Llama3Model"), "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLModel"),
-          "wan_dit": ("WanDiTConfig", "WanDiTModel"), "wan_vae": ("WanVAEConfig", "WanVAE")}
-
 
 def recipe_config(recipe: str, size: str, overrides: dict):
-    """(recipe config, IR graph) of ``model.recipe`` / ``model.size`` / ``model.overrides``.
+    """(recipe config, IR graph) of ``model.recipe`` / ``model.size`` (any case: ``8b`` = ``8B``) /
+    ``model.overrides``.
 
     Raises:
-        ValueError: unknown size or override field (naming it), or a graph that does not validate.
+        ValueError: unknown recipe or size or override field (naming it), or a graph that does not validate.
     """
-    mod = importlib.import_module(f"lf_ir.recipes.{recipe}")
-    cls = getattr(mod, _MODEL[recipe][0])
-    if size not in mod.SIZES:
-        raise ValueError(f"model.size: expected one of {sorted(mod.SIZES)}, got {size!r} (sizes of recipe {recipe!r})")
-    cfg = cls(**{**mod.SIZES[size], **recipe_overrides(cls, overrides, recipe)})
-    return cfg, mod.build_graph(cfg)
+    from lf_ir import recipe_spec
+
+    spec = recipe_spec(recipe, where="model.recipe")
+    cls = spec.config_class
+    cfg = cls(**{**spec.sizes[spec.size_name(size)], **recipe_overrides(cls, overrides, recipe)})
+    return cfg, spec.build_graph(cfg)
 
 
 class OverrideError(ValueError):
@@ -66,14 +64,9 @@ def build_model(recipe: str, rcfg, graph, device, seed: int, *, fused_ops: bool 
     ``fused_ops`` (``model.fused_ops``): switch its modules to lf-kernels' fused ops (``lf_ir.use_fused_ops``);
     the weights are the same either way.
     """
-    import torch
+    from lf_ir import materialize, recipe_spec, use_fused_ops
 
-    from lf_ir import materialize, use_fused_ops
-
-    mod = importlib.import_module(f"lf_ir.recipes.{recipe}")
-    with torch.device("meta"):
-        model = getattr(mod, _MODEL[recipe][1])(rcfg, graph)
-    model = materialize(model, device, seed)
+    model = materialize(recipe_spec(recipe, where="model.recipe").build_model(rcfg, graph), device, seed)
     if fused_ops:
         use_fused_ops(model)
     return model

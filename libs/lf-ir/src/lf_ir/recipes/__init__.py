@@ -1,9 +1,11 @@
-"""Model recipes: each builds an IR graph (and the module that assembles its components)."""
+"""Model recipes: each builds an IR graph and the module that assembles its components, and registers its
+:class:`RecipeSpec` (config, sizes, graph, model, converters, parallelisms) from its own module.
 
-from lf_ir.recipes import llama3, qwen2_vl, vla, vla_flow, wan_dit, wan_vae
+Importing this package imports every recipe module below, so :data:`RECIPES` is full.
+"""
 
-RECIPES = {"vla": vla, "llama3": llama3, "qwen2_vl": qwen2_vl, "wan_dit": wan_dit, "wan_vae": wan_vae,
-           "vla_flow": vla_flow}
-"""Recipe name -> module with ``build_graph`` and a config factory."""
+from lf_ir.recipes import llama3, qwen2_vl, vla, vla_flow, wan_dit, wan_vae  # each registers its RecipeSpec
+from lf_ir.recipes._spec import RECIPES, RecipeSpec, lazy_function, recipe_names, recipe_spec, register_recipe
 
-__all__ = ["RECIPES", "llama3", "qwen2_vl", "vla", "vla_flow", "wan_dit", "wan_vae"]
+__all__ = ["RECIPES", "RecipeSpec", "lazy_function", "llama3", "qwen2_vl", "recipe_names", "recipe_spec",
+           "register_recipe", "vla", "vla_flow", "wan_dit", "wan_vae"]

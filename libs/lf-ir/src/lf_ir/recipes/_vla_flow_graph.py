@@ -10,6 +10,7 @@ from lf_ir._graph import Component, Edge, Graph, validate
 from lf_ir._nodes import Embedding, IRError, LearnedPositional, Linear, Norm, PatchEmbed2D
 from lf_ir._nodes_expert import ActionTimeEmbed, JointAttentionBlock
 from lf_ir._nodes_flow import FlowMatchingLoss
+from lf_ir.recipes._spec import recipe_spec
 from lf_ir.recipes.vla import _blocks
 
 TimeDistribution = Literal["beta", "uniform", "logit_normal"]
@@ -96,14 +97,12 @@ SIZES: dict[str, dict[str, int | str]] = {
 
 
 def vla_flow_config(size: str = "small", **overrides) -> VLAFlowConfig:
-    """The config of a named size with field overrides.
+    """The config of a named size (any case: ``"8b"`` = ``"8B"``) with field overrides.
 
     Raises:
         ValueError: unknown size (lists the sizes); TypeError: unknown field.
     """
-    if size not in SIZES:
-        raise ValueError(f"model.size: unknown vla_flow size {size!r}; expected one of {sorted(SIZES)}")
-    return VLAFlowConfig(**{**SIZES[size], **overrides})
+    return recipe_spec("vla_flow").config(size, **overrides)
 
 
 def build_graph(cfg: VLAFlowConfig) -> Graph:

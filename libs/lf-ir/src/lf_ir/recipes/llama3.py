@@ -20,6 +20,7 @@ from torch import nn
 from lf_ir._graph import Component, Graph, validate
 from lf_ir._lower import ComponentModule
 from lf_ir._nodes import MLP, Attention, Embedding, LMHead, Norm, RoPE, TransformerBlock
+from lf_ir.recipes._spec import RecipeSpec, lazy_function, register_recipe
 from lf_kernels import MaskSpec
 
 
@@ -86,10 +87,12 @@ SIZES: dict[str, dict] = {
 
 
 def llama3_config(size: str = "8B", **overrides) -> Llama3Config:
-    """The config of a named size with field overrides; ValueError on an unknown size."""
-    if size not in SIZES:
-        raise ValueError(f"model.size: unknown llama3 size {size!r}; expected one of {sorted(SIZES)}")
-    return Llama3Config(**{**SIZES[size], **overrides})
+    """The config of a named size (any case: ``"8b"`` = ``"8B"``) with field overrides.
+
+    Raises:
+        ValueError: unknown size (lists the sizes); TypeError: unknown field.
+    """
+    return SPEC.config(size, **overrides)
 
 
 def build_graph(cfg: Llama3Config, seq_len: int | None = None) -> Graph:
@@ -167,3 +170,13 @@ def next_token_loss(logits_bsv: torch.Tensor, ids_bs: torch.Tensor) -> torch.Ten
     """Mean cross-entropy of predicting ``ids[:, 1:]`` from ``logits[:, :-1]`` (HF's causal LM loss), float32."""
     vocab = logits_bsv.shape[-1]
     return nn.functional.cross_entropy(logits_bsv[:, :-1].reshape(-1, vocab).float(), ids_bs[:, 1:].reshape(-1))
+
+
+SPEC = register_recipe(RecipeSpec(
+    name="llama3", family="llm", config_class=Llama3Config, sizes=SIZES, build_graph=build_graph, model=Llama3Model,
+    import_hf=lazy_function("lf_ir.interop", "import_hf_llama"),
+    export_hf=lazy_function("lf_ir.interop", "export_hf_llama"),
+    masks=("causal",), tensor_parallel=True, sequence_parallel=True, context_parallel=("ring", "ulysses"),
+    pipeline=True, train_seq_len=8192))
+"""The llama3 recipe (llm family). ``train_seq_len``: Llama 3 pre-training's 8192 tokens, the context before
+long-context extension (arXiv 2407.21783 section 3.4), not the model's 131,072-token maximum."""

@@ -33,6 +33,7 @@ from lf_ir._nodes import MLP, Embedding, LMHead, Norm
 from lf_ir._nodes_mm import MMAttention, MMBlock
 from lf_ir._nodes_vision import FeedForward, PatchEmbed3D, PatchMerger
 from lf_ir._pipeline_glue import blocks_between
+from lf_ir.recipes._spec import RecipeSpec, lazy_function, register_recipe
 from lf_kernels import MaskSpec
 
 
@@ -120,10 +121,12 @@ Qwen/Qwen2-VL-2B-Instruct and Qwen/Qwen2-VL-7B-Instruct (2,208,985,600 and 8,291
 
 
 def qwen2_vl_config(size: str = "7B", **overrides) -> Qwen2VLConfig:
-    """The config of a named size with field overrides; ValueError on an unknown size."""
-    if size not in SIZES:
-        raise ValueError(f"model.size: unknown qwen2_vl size {size!r}; expected one of {sorted(SIZES)}")
-    return Qwen2VLConfig(**{**SIZES[size], **overrides})
+    """The config of a named size (any case: ``"8b"`` = ``"8B"``) with field overrides.
+
+    Raises:
+        ValueError: unknown size (lists the sizes); TypeError: unknown field.
+    """
+    return SPEC.config(size, **overrides)
 
 
 def build_graph(cfg: Qwen2VLConfig, seq_len: int | None = None, image_patches: int = 1024) -> Graph:
@@ -299,3 +302,11 @@ class Qwen2VLModel(nn.Module):
         """Pipeline glue: final norm and head, logits (batch, seq, vocab)."""
         text = self.components["text"]
         return text.layers[-1](text.layers[-2](x_bsd))
+
+
+SPEC = register_recipe(RecipeSpec(
+    name="qwen2_vl", family="vlm", config_class=Qwen2VLConfig, sizes=SIZES, build_graph=build_graph,
+    model=Qwen2VLModel, import_hf=lazy_function("lf_ir.interop", "import_hf_qwen2_vl"),
+    export_hf=lazy_function("lf_ir.interop", "export_hf_qwen2_vl"),
+    masks=("full", "causal"), tensor_parallel=True, sequence_parallel=True))
+"""The qwen2_vl recipe (vlm family): bidirectional vision encoder, causal decoder."""

@@ -38,6 +38,7 @@ from lf_ir._nodes import (
     TransformerBlock,
 )
 from lf_ir._pipeline_glue import block_span, blocks_between
+from lf_ir.recipes._spec import RecipeSpec, register_recipe
 from lf_kernels import MaskSpec
 
 
@@ -132,10 +133,12 @@ SIZES: dict[str, dict[str, int | str]] = {
 
 
 def vla_config(size: str = "small", **overrides) -> VLAConfig:
-    """The config of a named size with field overrides; ValueError on an unknown size."""
-    if size not in SIZES:
-        raise ValueError(f"model.size: unknown VLA size {size!r}; expected one of {sorted(SIZES)}")
-    return VLAConfig(**{**SIZES[size], **overrides})
+    """The config of a named size (any case: ``"8b"`` = ``"8B"``) with field overrides.
+
+    Raises:
+        ValueError: unknown size (lists the sizes); TypeError: unknown field.
+    """
+    return SPEC.config(size, **overrides)
 
 
 def _blocks(prefix: str, n: int, dim: int, heads: int, kv_heads: int, hidden: int,
@@ -317,3 +320,10 @@ def check_vocab(cfg: VLAConfig, text_vocab_size: int) -> None:
     if text_vocab_size > cfg.text_vocab_size:
         raise IRError(f"node 'tokens.embed': text vocabulary of {text_vocab_size} ids exceeds "
                       f"model.text_vocab_size={cfg.text_vocab_size}")
+
+
+SPEC = register_recipe(RecipeSpec(
+    name="vla", family="vla", config_class=VLAConfig, sizes=SIZES, build_graph=build_graph, model=VLAModel,
+    masks=("full", "prefix_lm"), tensor_parallel=True, sequence_parallel=True, pipeline=True))
+"""The vla recipe (action tokens). Its vocabulary sizes (``text_vocab_size``, the action ids) come from the
+run's fitted tokenizers as overrides; the named sizes carry defaults that build on their own."""

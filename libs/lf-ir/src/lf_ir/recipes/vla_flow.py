@@ -52,10 +52,11 @@ from lf_ir import flow
 from lf_ir._graph import Graph
 from lf_ir._lower import ComponentModule
 from lf_ir._lower_expert import JointBlockModule
+from lf_ir.recipes._spec import RecipeSpec, register_recipe
 from lf_ir.recipes._vla_flow_graph import SIZES, TimeDistribution, VLAFlowConfig, build_graph, vla_flow_config
 from lf_kernels import MaskSpec
 
-__all__ = ["SIZES", "TimeDistribution", "VLAFlowConfig", "VLAFlowModel", "build_graph", "draw_flow_noise",
+__all__ = ["SIZES", "SPEC", "TimeDistribution", "VLAFlowConfig", "VLAFlowModel", "build_graph", "draw_flow_noise",
            "sample_seeds", "vla_flow_config"]
 
 BETA_ALPHA, SIGMA_MIN = 1.5, 0.001
@@ -242,3 +243,10 @@ class VLAFlowModel(nn.Module):
             noise = torch.randn(image.shape[0], cfg.action_horizon, cfg.action_dim, generator=generator)
         sigmas = flow.sampling_sigmas(steps or cfg.sample_steps)
         return flow.euler_sample(lambda x, s: self.denoise(cache, padding, x, s), noise.to(image.device), sigmas)
+
+
+SPEC = register_recipe(RecipeSpec(
+    name="vla_flow", family="vla_flow", config_class=VLAFlowConfig, sizes=SIZES, build_graph=build_graph,
+    model=VLAFlowModel, masks=("full",), tensor_parallel=True, sequence_parallel=False))
+"""The vla_flow recipe (pi0-style flow matching): pi0's block mask runs as two full-attention calls
+(:mod:`lf_ir._lower_expert`). Its vocabulary size comes from the run's fitted tokenizer as an override."""

@@ -44,6 +44,7 @@ from lf_ir._nodes_vision import FeedForward
 from lf_ir._pipeline_glue import blocks_between
 from lf_ir._rope3d_torch import rope3d_cos_sin
 from lf_ir.flow import FlowMatchingLoss, interpolate, timesteps_from_sigmas
+from lf_ir.recipes._spec import RecipeSpec, lazy_function, register_recipe
 
 
 class WanDiTConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -111,10 +112,12 @@ Wan2.1-T2V-14B (both head_dim 128); ``tiny`` is for tests (3 heads of 12 feature
 
 
 def wan_dit_config(size: str = "14B", **overrides) -> WanDiTConfig:
-    """The config of a named size with field overrides; ValueError on an unknown size."""
-    if size not in SIZES:
-        raise ValueError(f"model.size: unknown wan_dit size {size!r}; expected one of {sorted(SIZES)}")
-    return WanDiTConfig(**{**SIZES[size], **overrides})
+    """The config of a named size (any case: ``"8b"`` = ``"8B"``) with field overrides.
+
+    Raises:
+        ValueError: unknown size (lists the sizes); TypeError: unknown field.
+    """
+    return SPEC.config(size, **overrides)
 
 
 def latent_grid(cfg: WanDiTConfig, frames: int, height: int, width: int) -> tuple[int, int, int]:
@@ -287,3 +290,11 @@ class WanDiTModel(nn.Module):
         x_t = interpolate(x0_bcfhw, noise_bcfhw, sigma_b).to(x0_bcfhw.dtype)
         pred = self(x_t, timesteps_from_sigmas(sigma_b), text_bld)
         return self.components["video"]["loss"](pred, x0_bcfhw, noise_bcfhw, sigma_b)
+
+
+SPEC = register_recipe(RecipeSpec(
+    name="wan_dit", family="video", config_class=WanDiTConfig, sizes=SIZES, build_graph=build_graph,
+    model=WanDiTModel, import_hf=lazy_function("lf_ir.interop", "import_diffusers_wan"),
+    export_hf=lazy_function("lf_ir.interop", "export_diffusers_wan"),
+    masks=("full",), tensor_parallel=True, sequence_parallel=True, context_parallel=("ring", "ulysses")))
+"""The wan_dit recipe (video family): full attention over the video tokens, cross-attention to the text."""

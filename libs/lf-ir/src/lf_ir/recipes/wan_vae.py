@@ -31,6 +31,7 @@ from lf_ir import _lower_vae  # noqa: F401  (registers the VAE lowerings)
 from lf_ir._graph import Graph, validate
 from lf_ir._lower import lower_node
 from lf_ir._lower_vae import ChannelRMSNormModule, FeatureCache
+from lf_ir.recipes._spec import RecipeSpec, lazy_function, register_recipe
 from lf_ir.recipes._wan_vae_graph import chain_edges, decoder_components, encoder_components
 from lf_kernels.conv3d import CausalConv3d
 
@@ -110,10 +111,12 @@ SIZES: dict[str, dict] = {
 
 
 def wan_vae_config(size: str = "wan2.1", **overrides) -> WanVAEConfig:
-    """The config of a named size with field overrides; ValueError on an unknown size."""
-    if size not in SIZES:
-        raise ValueError(f"model.size: unknown wan_vae size {size!r}; expected one of {sorted(SIZES)}")
-    return WanVAEConfig(**{**SIZES[size], **overrides})
+    """The config of a named size (any case: ``"8b"`` = ``"8B"``) with field overrides.
+
+    Raises:
+        ValueError: unknown size (lists the sizes); TypeError: unknown field.
+    """
+    return SPEC.config(size, **overrides)
 
 
 def latent_shape(cfg: WanVAEConfig, frames: int, height: int, width: int) -> tuple[int, int, int]:
@@ -290,5 +293,13 @@ class WanVAE(nn.Module):
                 torch.tensor(self.cfg.latents_std, dtype=like.dtype, device=like.device).view(shape))
 
 
-__all__ = ["LATENTS_MEAN", "LATENTS_STD", "VAEStage", "WanVAE", "WanVAEConfig", "build_graph",
+SPEC = register_recipe(RecipeSpec(
+    name="wan_vae", family="video_vae", config_class=WanVAEConfig, sizes=SIZES, build_graph=build_graph,
+    model=WanVAE, import_hf=lazy_function("lf_ir.interop", "import_diffusers_wan_vae"),
+    export_hf=lazy_function("lf_ir.interop", "export_diffusers_wan_vae"), masks=("full",)))
+"""The wan_vae recipe (video_vae family): causal 3D convolutions and per-frame full attention; its graph
+annotates no tensor-parallel split."""
+
+
+__all__ = ["LATENTS_MEAN", "LATENTS_STD", "SPEC", "VAEStage", "WanVAE", "WanVAEConfig", "build_graph",
            "decode_flops", "encode_flops", "latent_shape", "wan_vae_config"]

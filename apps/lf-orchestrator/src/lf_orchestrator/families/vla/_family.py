@@ -91,13 +91,12 @@ class VLAFamily(Family):
 
     @property
     def pipeline_model(self):
-        """``vla``: the token model on the meta device for the multimodal pipeline (stage 0 runs the encoders);
-        ``vla_flow`` has no pipeline glue (its joint blocks carry two streams), so None (plans are refused)."""
-        if self.cfg.model.recipe != "vla":
-            return None
-        from lf_ir import VLAModel
+        """``() -> model`` on the meta device for the multimodal pipeline (stage 0 runs the encoders), for a recipe
+        whose :class:`lf_ir.RecipeSpec` sets ``pipeline`` (``vla``); else None (such plans are refused before)."""
+        from lf_ir import recipe_spec
 
-        return lambda: VLAModel(self.recipe_cfg, self.graph)
+        spec = recipe_spec(self.cfg.model.recipe)
+        return (lambda: spec.build_model(self.recipe_cfg, self.graph)) if spec.pipeline else None
 
     def pipeline_inputs(self, batch):
         """``((image, instruction_ids, instruction_mask, state, action_in_ids), labels)`` of the token VLA."""
