@@ -147,7 +147,7 @@ def test_pipeline_plans_refused_before_launch():
     _, vlm = recipe_config("qwen2_vl", "tiny", {})
     assert _pipeline_unsupported(plan, cfg("llama3"), llama) is None
     why = _pipeline_unsupported(plan, cfg("qwen2_vl"), vlm)
-    assert "model.recipe in ['llama3'] only" in why and "qwen2_vl" in why, why
+    assert "model.recipe in ['llama3', 'vla'] only" in why and "qwen2_vl" in why, why
     assert "lora_rank" in _pipeline_unsupported(plan, cfg("llama3", lora=4), llama)
     assert "model.recipe = 'qwen2_vl'" in _supported(Plan(cp=2), False, "qwen2_vl")
     assert _supported(Plan(cp=2), False, "wan_dit") is None

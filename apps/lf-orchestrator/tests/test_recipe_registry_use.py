@@ -43,11 +43,20 @@ def test_model_size_is_matched_in_any_case():
 
 
 def test_model_recipe_is_checked_against_the_registry(mini):
-    """A registered recipe passes the name check (before: a Literal in config.py that had to be edited); one that
-    lf run has no trainer for is refused by name; an unknown one lists the registered recipes."""
-    with pytest.raises(ConfigError, match=r"model\.recipe: 'mini_llm' \(family 'llm'\) is registered in lf-ir but "
-                                          r"lf run trains model\.recipe in \["):
-        load_config(LLAMA, ["model.recipe='mini_llm'", "model.size='tiny'"])
+    """A registered recipe of a family lf run trains loads with no other edit (before: a Literal in config.py and a
+    family table had to be edited); one of a family lf run has no trainer for is refused by name; an unknown one
+    lists the registered recipes."""
+    cfg = load_config(LLAMA, ["model.recipe='mini_llm'", "model.size='tiny'"])
+    from lf_orchestrator.families import family_module
+
+    assert family_module(cfg.model.recipe).__name__ == "lf_orchestrator.families.llm"
+    _spec.register_recipe(dataclasses.replace(llama3.SPEC, name="mini_rl", family="rl"))
+    try:
+        with pytest.raises(ConfigError, match=r"model\.recipe: 'mini_rl' \(family 'rl'\) is registered in lf-ir but "
+                                              r"lf run trains the families \["):
+            load_config(LLAMA, ["model.recipe='mini_rl'", "model.size='tiny'"])
+    finally:
+        del _spec._REGISTRY["mini_rl"]
     with pytest.raises(ConfigError, match=r"model\.recipe: unknown recipe 'mini_lm'; expected one of llama3, "
                                           r"mini_llm, .*; did you mean 'mini_llm'\?"):
         load_config(LLAMA, ["model.recipe='mini_lm'"])
@@ -103,7 +112,7 @@ def test_context_and_pipeline_refusals_read_the_spec(mini):
     assert "model.recipe in ['llama3', 'wan_dit'] only" in cp_unsupported(cp, "mini_llm")
     pp = parse_plan("pp=2")
     cfg = SimpleNamespace(model=SimpleNamespace(recipe="mini_llm"))
-    assert "model.recipe in ['llama3'] only" in _pipeline_unsupported(pp, cfg, None)
+    assert "model.recipe in ['llama3', 'vla'] only" in _pipeline_unsupported(pp, cfg, None)
 
 
 @pytest.mark.parametrize("recipe", sorted(n for n in recipe_names() if recipe_spec(n).import_hf))
