@@ -121,6 +121,13 @@ def _lf_run(work: Path, name: str, nproc: int, config: Path, run_dir: Path, sets
         _fail(f"the {name} run failed (exit {done.returncode}); the last lines of {log}:\n{tail}", code=1)
 
 
+def _check_ran(run_dir: Path, plan) -> None:
+    """Exit 1 unless the run's ``plan.json`` names ``plan``: a plan the run did not train is never passed."""
+    ran = json.loads((run_dir / "plan.json").read_text())["plan"]
+    if ran != plan.describe():
+        _fail(f"lf run trained plan {ran!r}, not the checked {plan.describe()!r} ({run_dir / 'plan.json'})", code=1)
+
+
 def _stopped_copy(run_dir: Path, dst: Path, step: int) -> Path:
     """``run_dir`` copied to ``dst`` as a run stopped after its step-``step`` checkpoint leaves it: later
     checkpoints and later rows of ``metrics.jsonl`` removed."""
@@ -211,14 +218,12 @@ def check(recipe: Annotated[str, typer.Option(
     accum = checked["--plan"].grad_accum
     _lf_run(work, "reference", 1, cfg_path, work / "reference", _spec_set(f"dp=1,grad_accum={accum}"))
     _lf_run(work, "plan", nproc, cfg_path, work / "plan", _spec_set(plan))
-    ran = json.loads((work / "plan" / "plan.json").read_text())["plan"]
-    if ran != checked["--plan"].describe():
-        _fail(f"lf run trained plan {ran!r}, not the checked {checked['--plan'].describe()!r} "
-              f"({work / 'plan' / 'plan.json'})", code=1)
+    _check_ran(work / "plan", checked["--plan"])
     compared = work / "plan"
     if reshard_to:
         compared = _stopped_copy(work / "plan", work / "resharded", steps - 1)
         _lf_run(work, "resharded", nproc, compared / "config.toml", compared, _spec_set(reshard_to))
+        _check_ran(compared, checked["--reshard-to"])
     what = f"{plan!r}" + (f", step {steps} resharded to {reshard_to!r}" if reshard_to else "")
     code = check_runs(work / "reference", compared, steps=steps, tol=tol, grad_clip=grad_clip,
                       title=f"{recipe} {size}: {what} on {nproc} processes vs. one process (lf run), {steps} steps")
