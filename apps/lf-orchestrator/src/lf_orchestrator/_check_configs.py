@@ -18,8 +18,8 @@ means).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 CLIP = 0.01
 """Default ``train.grad_clip`` of the check: below the gradient norms of the tiny models' first steps (about 0.1

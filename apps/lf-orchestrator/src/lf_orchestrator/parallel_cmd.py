@@ -19,7 +19,12 @@ A plan that ``lf run`` would refuse is refused here by name, exit 2, before any 
 checks (``load_config``), the trainer's plan resolution (``families._plan.resolve_plan``: ``check_plan`` against
 the model and what the recipe trainer wires) and a recipe that ``lf run`` does not train under parallel plans.
 ``--reshard-to PLAN2`` resumes the plan's checkpoint of step ``steps - 1`` under PLAN2 for the last step
-(``lf run RUN/config.toml --run-dir RUN --set parallel.spec=PLAN2``: DCP reshards) and compares that.
+(``lf run RUN/config.toml --run-dir RUN --set parallel.spec=PLAN2`` on the same ``--nproc``: DCP reshards) and
+compares that. Each run's ``plan.json`` must name the checked plan (a plan the run did not train is never passed).
+
+The config, the run folders (``reference``, ``plan``, ``resharded``) and their logs go to ``--work-dir`` (kept;
+an earlier check's run folders there are removed first, since ``lf run --run-dir`` would resume them), else to a
+temporary folder that is removed when the check passes. The data caches go to ``--cache-dir``.
 """
 
 from __future__ import annotations
@@ -121,6 +126,22 @@ def _lf_run(work: Path, name: str, nproc: int, config: Path, run_dir: Path, sets
         _fail(f"the {name} run failed (exit {done.returncode}); the last lines of {log}:\n{tail}", code=1)
 
 
+_RUNS = ("reference", "plan", "resharded")
+"""The run folders of a check inside its work folder."""
+
+
+def _clear_work_dir(work: Path) -> None:
+    """Make ``work`` ready for a check: created when missing; an earlier check's run folders removed (``lf run
+    --run-dir`` would resume them, and the check would compare old runs). Exits 2 for a folder that holds other
+    things and no ``check.toml`` (not a check's folder: nothing is deleted)."""
+    if work.exists() and any(work.iterdir()) and not (work / "check.toml").is_file():
+        _fail(f"--work-dir {work}: not empty and not the folder of an earlier check (no check.toml); give an empty "
+              f"or new folder")
+    work.mkdir(parents=True, exist_ok=True)
+    for name in _RUNS:
+        shutil.rmtree(work / name, ignore_errors=True)
+
+
 def _check_ran(run_dir: Path, plan) -> None:
     """Exit 1 unless the run's ``plan.json`` names ``plan``: a plan the run did not train is never passed."""
     ran = json.loads((run_dir / "plan.json").read_text())["plan"]
@@ -157,8 +178,8 @@ def check(recipe: Annotated[str, typer.Option(
           steps: Annotated[int, typer.Option(help="Optimizer steps (AdamW) of both runs.")] = 3,
           global_batch: Annotated[int, typer.Option(help="Samples per step (train.global_batch).")] = 8,
           reshard_to: Annotated[Optional[str], typer.Option(
-              help="Resume the plan's checkpoint of step steps-1 under this plan for the last step (DCP "
-                   "reshards) and compare that.")] = None,
+              help="Resume the plan's checkpoint of step steps-1 under this plan, on the same --nproc, for the "
+                   "last step (DCP reshards) and compare that.")] = None,
           tol: Annotated[float, typer.Option(
               help="Largest relative difference of a loss, gradient norm or parameter.")] = 1e-5,
           grad_clip: Annotated[float, typer.Option(
@@ -194,7 +215,8 @@ def check(recipe: Annotated[str, typer.Option(
 
     temporary = work_dir is None
     work = Path(tempfile.mkdtemp(prefix="lf-parallel-check-")) if temporary else work_dir.resolve()
-    work.mkdir(parents=True, exist_ok=True)
+    if not temporary:
+        _clear_work_dir(work)
     try:
         sections = check_config(recipe, size, cache_dir, steps=steps, global_batch=global_batch,
                                 grad_clip=grad_clip, ckpt_every=1 if reshard_to else steps)
