@@ -141,3 +141,30 @@ def test_vla_through_the_trainer(cache, recipe, request):
     if not link.exists():
         link.symlink_to(request.getfixturevalue("dataset_dir"))
     _assert_passed(*_check(tmp, "--recipe", recipe, "--plan", "dp=2,zero=3", "--nproc", "2"))
+
+
+def test_work_dir_and_trained_plan_guards(tmp_path):
+    """Oracle: the files. A run whose ``plan.json`` names another plan than the checked one fails (exit 1: a
+    plan the run did not train is never passed); an earlier check's run folders in --work-dir are removed before
+    a check (``lf run --run-dir`` would resume them); a non-empty folder that is not a check's is refused (exit 2)
+    and left as it was."""
+    import typer
+
+    from lf_orchestrator.parallel_cmd import _check_ran, _clear_work_dir
+    from lf_parallel import parse_plan
+
+    run = tmp_path / "plan"
+    run.mkdir()
+    (run / "plan.json").write_text(json.dumps({"plan": "dp=2 micro_batch=4 grad_accum=1 (global batch 8)"}))
+    _check_ran(run, parse_plan("dp=2,micro_batch=4"))
+    with pytest.raises(typer.Exit) as stop:
+        _check_ran(run, parse_plan("dp=2,zero=3,micro_batch=4"))
+    assert stop.value.exit_code == 1
+    (tmp_path / "check.toml").write_text("")
+    _clear_work_dir(tmp_path)
+    assert not run.exists() and (tmp_path / "check.toml").exists()
+    other = tmp_path / "other"
+    (other / "plan").mkdir(parents=True)
+    with pytest.raises(typer.Exit) as stop:
+        _clear_work_dir(other)
+    assert stop.value.exit_code == 2 and (other / "plan").is_dir()
