@@ -181,7 +181,8 @@ def check(recipe: Annotated[str, typer.Option(
               help="Resume the plan's checkpoint of step steps-1 under this plan, on the same --nproc, for the "
                    "last step (DCP reshards) and compare that.")] = None,
           tol: Annotated[float, typer.Option(
-              help="Largest relative difference of a loss, gradient norm or parameter.")] = 1e-5,
+              help="Largest relative difference of a step's loss or gradient norm, or of the final parameters "
+                   "(the model's 1-norm).")] = 1e-5,
           grad_clip: Annotated[float, typer.Option(
               help="train.grad_clip of both runs; the default is below the tiny models' gradient norms, so every "
                    "step clips.")] = CLIP,
