@@ -18,8 +18,9 @@ rank's share of the global batch per step, then AdamW, in ``Job.dtype``. What it
 :func:`harness_unsupported`, never run as something else): pipeline parallel (``pp > 1``: the harness has
 no schedule, every pipeline rank would train the whole model), gradient accumulation (``grad_accum > 1``:
 one backward per step, so each rank would see ``1 / grad_accum`` of its samples) and mixed precision
-(``precision`` other than fp32). It clips gradients to ``Job.grad_clip``. The recipe trainer runs all of those
-(``lf launch CONFIG --device cpu`` against ``lf run CONFIG`` with ``run.device = 'cpu'`` and ``dp=1``).
+(``precision`` other than fp32). It clips gradients to ``Job.grad_clip``. The recipe trainer runs all of those:
+``lf parallel check`` (lf-orchestrator) trains a plan with ``lf run`` itself against one process; this harness
+serves the library's own tests.
 """
 
 from __future__ import annotations
@@ -126,25 +127,23 @@ def harness_unsupported(plan: Plan, text: str = "...") -> str | None:
 
     Args:
         plan: the parsed plan (:func:`parse_plan`; checking it against the model is not needed).
-        text: the plan as the user wrote it, quoted in the suggested ``lf launch`` command.
+        text: the plan as the user wrote it, quoted in the suggested ``lf parallel check`` command.
 
     Returns:
         A message naming the field and its value and saying how to check the plan instead, or None.
     """
-    instead = (f"; train the plan with the recipe trainer instead (`lf launch CONFIG --device cpu "
-               f"--nproc-per-node {plan.world_size} --set \"parallel.plan='manual'\" "
-               f"--set \"parallel.spec='{text}'\"`) and compare its losses and grad norms with one process "
-               f"(`lf run CONFIG --set \"run.device='cpu'\" --set \"parallel.plan='manual'\" "
-               f"--set \"parallel.spec='dp=1'\"`)")
+    instead = (f"; check it through the recipe trainer instead: `lf parallel check --recipe RECIPE "
+               f"--plan '{text}' --nproc {plan.world_size}` (lf-orchestrator) trains it with `lf run` and compares "
+               f"with one process")
     if plan.pp > 1:
-        return (f"pp={plan.pp}: lf parallel check does not run pipeline schedules yet (its harness has no "
-                f"pipeline: every pipeline rank would train the whole model){instead}")
+        return (f"pp={plan.pp}: the harness does not run pipeline schedules (every pipeline rank would train the "
+                f"whole model){instead}")
     if plan.grad_accum > 1:
-        return (f"grad_accum={plan.grad_accum}: lf parallel check does not accumulate micro-batches yet (one "
-                f"backward per step: each rank would train on 1/{plan.grad_accum} of its samples){instead}")
+        return (f"grad_accum={plan.grad_accum}: the harness does not accumulate micro-batches (one backward per "
+                f"step: each rank would train on 1/{plan.grad_accum} of its samples){instead}")
     if plan.precision != "fp32":
-        return (f"precision={plan.precision}: lf parallel check does not run mixed precision (it trains in "
-                f"--dtype float32/float64 against a single process in that dtype){instead}")
+        return (f"precision={plan.precision}: the harness does not run mixed precision (it trains in "
+                f"Job.dtype float32/float64 against a single process in that dtype){instead}")
     return None
 
 
