@@ -51,8 +51,8 @@ def test_refused_plans_exit_2_before_any_process(tmp_path):
               "--plan 'tp=4': parallel.tp=4 does not divide kv_heads=2 of node 'layer0.attention'"),
              (["--recipe", "llama3", "--plan", "tp=2,wat=1", "--nproc", "2"], "unknown key 'wat'"),
              (["--recipe", "qwen2_vl", "--plan", "pp=2,grad_accum=2", "--nproc", "2"],
-              "pp > 1 is wired into the recipe trainer for the llm family (model.recipe = 'llama3') only, "
-              "got model.recipe = 'qwen2_vl'"),
+              "pp > 1 is wired into the trainer for model.recipe in ['llama3', 'vla'] only (the recipes whose "
+              "RecipeSpec.pipeline is set), got model.recipe = 'qwen2_vl'"),
              (["--recipe", "qwen2_vl", "--plan", "dp=2", "--reshard-to", "pp=2,grad_accum=2", "--nproc", "2"],
               "--reshard-to 'pp=2,grad_accum=2': parallel.spec 'pp=2,grad_accum=2': pp > 1 is wired"),
              (["--recipe", "llama3", "--plan", "dp=2,precision=bf16", "--nproc", "2"],
@@ -124,23 +124,15 @@ def test_video_context_parallel_and_reshard(cache):
     assert "resharding it (DCP) to plan 'dp=2 zero_stage=3" in " ".join(log.split()), log[-2000:]
 
 
-@pytest.mark.parametrize("recipe", ["vla", "vla_flow"])
-def test_vla_through_the_trainer(cache, recipe, request):
-    """The VLA recipes under dp=2 x ZeRO-3 against one process, on the tests' tiny Meta-World dataset (the check's
-    Meta-World cache entry is that dataset: same generation parameters). Until the VLA family moves onto the recipe
-    trainer, `lf run` trains it data parallel only and the check refuses the plan by name (exit 2)."""
-    tmp = cache / recipe
-    code, text = _check(tmp, "--recipe", recipe, "--plan", "dp=2,zero=3", "--nproc", "2", "--dry-run")
-    if code == 2 and "without the recipe trainer's parallel plans" in text:
-        pytest.skip(f"until the VLA family lands on the recipe trainer: {text[-300:]}")
+def test_vla_plans_are_checked_by_the_trainers_rules(cache):
+    """The VLA recipes go through the same trainer: a token-VLA pipeline plan validates (the full comparison of
+    VLA plans against one process is test_vla_parallel.py); vla_flow under pp = 2 is refused by name before any
+    process starts (exit 2), with the trainer's reason."""
+    code, text = _check(cache / "vla", "--recipe", "vla", "--plan", "pp=2,grad_accum=2", "--nproc", "2", "--dry-run")
     assert code == 0, text
-    if recipe == "vla_flow":
-        return  # one full VLA check is enough for CI time
-    (tmp.parent / "cache").mkdir(exist_ok=True)
-    link = tmp.parent / "cache" / "metaworld-reach-v3-32px"
-    if not link.exists():
-        link.symlink_to(request.getfixturevalue("dataset_dir"))
-    _assert_passed(*_check(tmp, "--recipe", recipe, "--plan", "dp=2,zero=3", "--nproc", "2"))
+    code, text = _check(cache / "vla_flow", "--recipe", "vla_flow", "--plan", "pp=2,grad_accum=2", "--nproc", "2",
+                        "--dry-run")
+    assert code == 2 and "model.recipe = 'vla_flow'" in " ".join(text.split()), text
 
 
 def test_work_dir_and_trained_plan_guards(tmp_path):

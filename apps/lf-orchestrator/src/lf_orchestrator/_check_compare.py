@@ -86,7 +86,8 @@ def final_weights(run_dir: Path) -> dict:
     Raises:
         FileNotFoundError: the run has no complete checkpoint (names the folder).
     """
-    from lf_orchestrator.families._state import latest_checkpoint, load_model_weights
+    from lf_orchestrator.checkpoint import latest_checkpoint
+    from lf_orchestrator.families._state import load_model_weights
 
     ckpt = latest_checkpoint(Path(run_dir))
     if ckpt is None:

@@ -4,11 +4,10 @@
 both runs of the check read: the single-process reference and the run under the plan. The generic part (a CPU,
 float32, one thread, ``parallel.plan = "manual"``, a log line and the scalars of every step, checkpoints for the
 comparison, clipping active, no evaluation) is here once; what differs per recipe is the table
-:data:`RECIPE_SECTIONS`.
+:data:`FAMILY_SECTIONS`.
 
-PER-RECIPE TABLE (issue 24): the entries of :data:`RECIPE_SECTIONS` are recipe facts (which family section,
-which tiny data) that belong with each recipe's registration (lf-ir's ``RecipeSpec`` and the family adapters);
-when the registry lands, each entry moves next to its family and this table reads them from there. They follow
+The sections depend on the recipe's family (lf-ir's ``RecipeSpec.family``): :data:`FAMILY_SECTIONS`, so a new
+recipe of a family gets its check config with no edit here. They follow
 the tiny configs of the family tests (``tests/test_families_parallel.py``, ``test_family_context.py``,
 ``conftest.py``): llama3 on 60,000 characters of the offline docstring corpus, the vlm and VLA recipes on three
 generated Meta-World ``reach-v3`` episodes of 32-pixel frames (MuJoCo, generated once into the cache folder), and
@@ -34,31 +33,29 @@ def _metaworld(cache: Path) -> dict:
             "episodes_per_task": 3, "image_size": 32, "max_steps": 60, "workers": 1}
 
 
-def _llama3(cache: Path) -> dict:
-    return {"model": {"recipe": "llama3", "overrides": {"vocab_size": 1024}},
+def _llm(recipe: str, cache: Path) -> dict:
+    return {"model": {"recipe": recipe, "overrides": {"vocab_size": 1024}},
             "corpus": {"cache_dir": str(cache / "corpus"), "max_chars": 60000, "seq_len": 64}}
 
 
-def _qwen2_vl(cache: Path) -> dict:
-    return {"model": {"recipe": "qwen2_vl"}, "data": _metaworld(cache), "vlm": {"eval_fraction": 0.25}}
+def _vlm(recipe: str, cache: Path) -> dict:
+    return {"model": {"recipe": recipe}, "data": _metaworld(cache), "vlm": {"eval_fraction": 0.25}}
 
 
-def _wan_dit(cache: Path) -> dict:
-    return {"model": {"recipe": "wan_dit", "overrides": {"text_len": 8, "dim": 48, "heads": 4, "ffn_dim": 64}},
+def _video(recipe: str, cache: Path) -> dict:
+    return {"model": {"recipe": recipe, "overrides": {"text_len": 8, "dim": 48, "heads": 4, "ffn_dim": 64}},
             "data": {"tasks": ["reach-v3"]},
             "video": {"latents": "synthetic", "frames": 9, "height": 32, "width": 32, "synthetic_clips": 16}}
 
 
-def _vla(cache: Path, recipe: str = "vla") -> dict:
+def _vla(recipe: str, cache: Path) -> dict:
     return {"model": {"recipe": recipe, "overrides": {"patch_size": 8}},
             "data": {**_metaworld(cache), "action_horizon": 2, "max_instruction_len": 6}}
 
 
-RECIPE_SECTIONS: dict[str, Callable[[Path], dict]] = {
-    "llama3": _llama3, "qwen2_vl": _qwen2_vl, "wan_dit": _wan_dit, "vla": _vla,
-    "vla_flow": lambda cache: _vla(cache, "vla_flow")}
-"""``model.recipe`` -> its sections of the check config, given the cache folder (PER-RECIPE, see the module
-docstring)."""
+FAMILY_SECTIONS: dict[str, Callable[[str, Path], dict]] = {
+    "llm": _llm, "vlm": _vlm, "video": _video, "vla": _vla, "vla_flow": _vla}
+"""A recipe's family -> its sections of the check config, given the recipe and the cache folder."""
 
 
 def check_config(recipe: str, size: str, cache: Path, *, steps: int, global_batch: int, grad_clip: float,
@@ -66,7 +63,7 @@ def check_config(recipe: str, size: str, cache: Path, *, steps: int, global_batc
     """The sections of the check's run config for ``recipe`` / ``size`` (a dict of TOML tables).
 
     Args:
-        recipe: ``model.recipe`` (a key of :data:`RECIPE_SECTIONS`).
+        recipe: ``model.recipe`` (a registered recipe of a family in :data:`FAMILY_SECTIONS`).
         size: ``model.size`` (validated when the config loads).
         cache: folder of the data caches (corpus, Meta-World episodes), shared by checks.
         steps: optimizer steps (``train.steps``).
@@ -75,12 +72,17 @@ def check_config(recipe: str, size: str, cache: Path, *, steps: int, global_batc
         ckpt_every: steps between checkpoints; the newest ``steps`` are kept.
 
     Raises:
-        ValueError: ``recipe`` has no entry (the message lists those that do).
+        ValueError: an unknown recipe, or one whose family has no check config (the message lists the recipes
+            that have one).
     """
-    if recipe not in RECIPE_SECTIONS:
-        raise ValueError(f"--recipe: no check config for recipe {recipe!r}; expected one of "
-                         f"{', '.join(sorted(RECIPE_SECTIONS))}")
-    sections = RECIPE_SECTIONS[recipe](Path(cache).resolve())
+    from lf_ir import RECIPES, recipe_spec
+
+    family = recipe_spec(recipe, where="--recipe").family
+    if family not in FAMILY_SECTIONS:
+        known = sorted(name for name, spec in RECIPES.items() if spec.family in FAMILY_SECTIONS)
+        raise ValueError(f"--recipe: no check config for recipe {recipe!r} (family {family!r}); expected one of "
+                         f"{', '.join(known)}")
+    sections = FAMILY_SECTIONS[family](recipe, Path(cache).resolve())
     sections["model"] = {**sections["model"], "size": size}
     generic = {
         "run": {"name": f"check-{recipe}", "device": "cpu", "threads": 1, "seed": 0},

@@ -41,7 +41,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from lf_orchestrator._check_configs import CLIP, RECIPE_SECTIONS
+from lf_orchestrator._check_configs import CLIP
 from lf_orchestrator._console import make_console
 
 parallel_app = typer.Typer(help="Check hybrid parallel plans on CPU processes.", no_args_is_help=True)
@@ -72,9 +72,11 @@ def plan_refusal(cfg_path: Path, spec: str, nproc: int):
     """
     import torch
 
+    from lf_ir import recipe_spec
     from lf_orchestrator.config import ConfigError, load_config
-    from lf_orchestrator.families import FAMILY_RECIPES, family_module
+    from lf_orchestrator.families import family_module
     from lf_orchestrator.families._plan import resolve_plan, trainer_unsupported
+    from lf_orchestrator.families.recipes import recipe_overrides
     from lf_parallel import DistContext, PlanError
 
     try:
@@ -83,21 +85,22 @@ def plan_refusal(cfg_path: Path, spec: str, nproc: int):
     except ConfigError as err:  # the check's own config file is no news to the user: the key and the reason are
         return None, str(err).removeprefix(f"{cfg_path} with --set: ")
     recipe = cfg.model.recipe
-    if recipe not in FAMILY_RECIPES:
-        return None, (f"model.recipe = {recipe!r}: lf run trains it without the recipe trainer's parallel plans "
-                      f"(data parallel only; parallel.spec is not read); plans run for "
-                      f"{', '.join(sorted(FAMILY_RECIPES))}")
     ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     family = family_module(recipe).make_family(cfg, cfg_path.parent, ctx)
+    graph = family.graph
+    if graph is None:  # a family whose recipe config follows its data (the VLA's vocabularies): nominal sizes
+        spec = recipe_spec(recipe)
+        graph = spec.build_graph(spec.config(cfg.model.size, **recipe_overrides(spec.config_class,
+                                                                                cfg.model.overrides, recipe)))
     try:
-        plan, _ = resolve_plan(cfg, family.graph, world_size=nproc, device_type="cpu", seq=0, precision="fp32")
+        plan, _ = resolve_plan(cfg, graph, world_size=nproc, device_type="cpu", seq=0, precision="fp32")
     except (PlanError, ValueError) as err:
         return None, str(err)
     try:  # some families know their tokens per sample from the config, others once their data is prepared
         seq = family.seq_len
     except AttributeError:
         seq = 0
-    why = trainer_unsupported(plan, cfg, family.graph, seq) if seq else None
+    why = trainer_unsupported(plan, cfg, graph, seq) if seq else None
     if why is None and plan.precision != "fp32":
         why = (f"precision={plan.precision}: the check compares float32 runs (memory.precision = 'fp32'); "
                f"mixed-precision round-off is larger than any useful tolerance")
@@ -153,7 +156,7 @@ def _stopped_copy(run_dir: Path, dst: Path, step: int) -> Path:
     """``run_dir`` copied to ``dst`` as a run stopped after its step-``step`` checkpoint leaves it: later
     checkpoints and later rows of ``metrics.jsonl`` removed."""
     from lf_orchestrator._atomic import write_text_atomic
-    from lf_orchestrator.families._state import latest_checkpoint
+    from lf_orchestrator.checkpoint import latest_checkpoint
 
     shutil.copytree(run_dir, dst)
     for later in sorted((dst / "checkpoints").glob("step-*")):
@@ -170,7 +173,8 @@ def _stopped_copy(run_dir: Path, dst: Path, step: int) -> Path:
 
 @parallel_app.command("check")
 def check(recipe: Annotated[str, typer.Option(
-              help=f"Recipe: {', '.join(RECIPE_SECTIONS)}.")],
+              help="Recipe: a registered recipe of the llm, vlm, video or VLA families (llama3, qwen2_vl, "
+                   "wan_dit, vla, vla_flow, ...).")],
           plan: Annotated[str, typer.Option(help='Plan, e.g. "tp=2,sp=1,dp=2,zero=3,vision.tp=1" or '
                                                  '"pp=2,grad_accum=2" (parallel.spec).')],
           nproc: Annotated[int, typer.Option(help="Processes (gloo, CPU); must equal the plan's degrees.")],
