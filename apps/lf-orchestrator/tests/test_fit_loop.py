@@ -1,4 +1,4 @@
-"""The fit loop both trainers share (:func:`lf_orchestrator.train.fit.fit_loop`) on a scripted trainer without a model.
+"""The fit loop of the trainer (:func:`lf_orchestrator.train.fit.fit_loop`) on a scripted trainer without a model.
 
 Oracle: the contract the VLA and recipe trainers' own loops had before they were merged (their docstrings and
 `lf run`'s exit codes): log lines every ``log_every`` steps and at the last, with the window's throughput; a

@@ -62,7 +62,7 @@ def test_lf_run_with_fused_ops_trains_with_finite_losses(tmp_path):
 
 
 def test_vla_plan_json_counts_the_fused_modules(tiny_config, tmp_path):
-    """The VLA trainer with model.fused_ops = true: plan.json counts the switched modules, as many as lf-ir lists
+    """The VLA family with model.fused_ops = true: plan.json counts the switched modules, as many as lf-ir lists
     in the same VLA rebuilt from the run's model.json; the run trains (CPU: the ops' PyTorch references)."""
     from typer.testing import CliRunner
 

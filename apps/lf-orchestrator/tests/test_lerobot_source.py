@@ -1,4 +1,4 @@
-"""``data.source = "lerobot"``: ``data.tasks`` and ``data.max_steps`` select what the VLA trainer and the families
+"""``data.source = "lerobot"``: ``data.tasks`` and ``data.max_steps`` select what the VLA and the other families
 read. Oracle: the episodes given to ``lf_data.write_lerobot_v3`` in the test (tasks, lengths, actions)."""
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def test_resume_refuses_a_malicious_train_state(vla_run, tmp_path):
 
 
 def test_legacy_state_file_is_refused_by_name(tmp_path):
-    """The legacy full-state layout's state.pt (``lf eval`` and the VLA trainer read it)."""
+    """The legacy full-state layout's state.pt (``lf eval`` and the trainer's resume read it)."""
     from safetensors.torch import save_file
 
     from lf_orchestrator.checkpoint import load_checkpoint

@@ -109,7 +109,7 @@ def test_recipe_run_losses_do_not_depend_on_prefetching(tmp_path):
 
 
 def test_vla_run_losses_do_not_depend_on_prefetching(tiny_config, tmp_path):
-    """The VLA trainer (tiny Meta-World config, 6 steps): data.prefetch true and false give the same losses."""
+    """The VLA family (tiny Meta-World config, 6 steps): data.prefetch true and false give the same losses."""
     losses = {}
     for prefetch in (True, False):
         run_dir = tmp_path / str(prefetch)

@@ -1,5 +1,5 @@
 """`lf run` / `lf eval` progress when the output is not a terminal: plain lines every train.log_every steps with
-step time, throughput and ETA, for both trainers, and evaluation progress lines.
+step time, throughput and ETA, for the trainer, and evaluation progress lines.
 
 Oracles: the step numbers a log_every schedule selects (multiples and the last step), the stats passed in
 (loss, lr, step_s, rates printed in the documented format; ETA = steps left x step_s), and the stdout of real tiny

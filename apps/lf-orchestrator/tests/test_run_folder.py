@@ -146,7 +146,7 @@ def test_failed_plan_leaves_no_run_folder(tmp_path):
 
 
 def test_vla_run_failing_before_its_first_step_leaves_no_folder(tiny_config, tmp_path):
-    """The VLA trainer's path: a manual plan for 2 processes on 1 fails before the data and the set-up files, and
+    """The VLA family's path: a manual plan for 2 processes on 1 fails before the data and the set-up files, and
     too few samples for the batch fails after model.json / the tokenizers were written; both exit 2 with the
     checker's message and leave no run folder (before, plan.json-free folders with model.json stayed).
     Oracle: the checker's messages and the listing of run.out_dir."""

@@ -1,4 +1,4 @@
-"""DCP checkpoints of the VLA trainer (`lf run`): layout, keep-last-k, async, exact resume, resharding dp=2 -> 1,
+"""DCP checkpoints of VLA runs (`lf run`): layout, keep-last-k, async, exact resume, resharding dp=2 -> 1,
 and old full-state checkpoints.
 
 Oracles: the uninterrupted run of the same plan (a resumed run logs its float32 losses bit for bit: same

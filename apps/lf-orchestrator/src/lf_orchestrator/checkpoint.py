@@ -15,8 +15,8 @@ layout, read here and never written any more)::
     checkpoints/step-00000500/model.safetensors   model weights
     checkpoints/step-00000500/state.pt            optimizer, scheduler, sampler, RNG, step
 
-:func:`load_weights` reads the model weights of either layout (``lf eval``); the VLA trainer resumes
-either (a legacy one under the world size that wrote it).
+:func:`load_weights` reads the model weights of either layout (``lf eval``); the trainer resumes
+either (a legacy one under a data-parallel plan of the world size that wrote it).
 """
 
 from __future__ import annotations

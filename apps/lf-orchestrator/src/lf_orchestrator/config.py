@@ -201,7 +201,7 @@ class ParallelSection(_Section):
 
     plan: Literal["auto", "manual"] = "auto"
     """``auto``: the fastest plan of ``lf plan``'s ranking that the trainer can run (llm / vlm / video families:
-    dp, ZeRO, tp, and cp / pp where the family supports them; the VLA trainer: data parallel); ``manual`` uses
+    dp, ZeRO, tp, and cp / pp where the recipe supports them, every family the VLA included); ``manual`` uses
     the fields below."""
     dp: int = 1
     """Manual plan: data-parallel processes."""
@@ -217,7 +217,7 @@ class ParallelSection(_Section):
     cp_kind: Literal["", "ring", "ulysses", "ring+ulysses"] = ""
     """Context-parallel attention of a ``spec`` with ``cp > 1``: ``ring`` (k/v passed around the cp group, any
     mask; dense block scores) or ``ulysses`` (all-to-all to heads, then flash/SDPA; heads must divide by cp).
-    ``""`` (unset): the spec's ``cp_kind=...``, else ``ring``. The recipe trainer runs ``ring`` and ``ulysses``."""
+    ``""`` (unset): the spec's ``cp_kind=...``, else ``ring``. The trainer runs ``ring`` and ``ulysses``."""
     tune: Literal["predict", "measure"] = "predict"
     """With ``plan = "auto"`` (llm / vlm / video families): ``predict`` trains with the cost model's fastest runnable
     plan; ``measure`` (``lf run --tune measure``) first trains ``tune_top`` of the top runnable plans for

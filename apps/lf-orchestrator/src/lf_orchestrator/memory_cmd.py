@@ -4,9 +4,8 @@ The model comes from a run config or ``--recipe`` / ``--size`` (:func:`.plan_cmd
 config the plan, batch and recompute are the run's own, as ``lf run`` resolves them (:mod:`.families._plan`):
 ``parallel.spec`` (its micro-batch from ``train.global_batch`` when it gives none) or the manual ``dp`` /
 ``micro_batch`` / ``grad_accum``, or, with ``parallel.plan = "auto"``, the first plan of ``lf plan``'s ranking
-the trainer can run on ``--gpus`` GPUs (the VLA trainer's data-parallel plan for recipes outside the recipe
-trainer); ``train.global_batch``; ``memory.recompute`` (``auto``: lf-memory's knapsack planner under
-``memory.budget_gib``, :mod:`.families._recompute`). ``--plan`` / ``--recompute`` override them.
+the trainer can run on ``--gpus`` GPUs; ``train.global_batch``; ``memory.recompute`` (``auto``: lf-memory's
+knapsack planner under ``memory.budget_gib``, :mod:`.families._recompute`). ``--plan`` / ``--recompute`` override them.
 
 The table lists each kind and, separately, the sum of the kinds and the peak: the peak is what one GPU
 holds at once, the larger of the start of backward (only the gradients written so far) and the optimizer

@@ -17,7 +17,7 @@ parallel and the optimizer all run as in ``lf run``, because it is ``lf run``.
 
 A plan that ``lf run`` would refuse is refused here by name, exit 2, before any process starts: the config's own
 checks (``load_config``), the trainer's plan resolution (``families._plan.resolve_plan``: ``check_plan`` against
-the model and what the recipe trainer wires) and a recipe that ``lf run`` does not train under parallel plans.
+the model and what the trainer wires) and a recipe that ``lf run`` does not train under parallel plans.
 ``--reshard-to PLAN2`` resumes the plan's checkpoint of step ``steps - 1`` under PLAN2 for the last step
 (``lf run RUN/config.toml --run-dir RUN --set parallel.spec=PLAN2`` on the same ``--nproc``: DCP reshards) and
 compares that. Each run's ``plan.json`` must name the checked plan (a plan the run did not train is never passed).
@@ -66,7 +66,7 @@ def plan_refusal(cfg_path: Path, spec: str, nproc: int):
     (the resolved :class:`lf_parallel.Plan`), ``(None, why)`` when it would refuse it or not train it as a plan.
 
     The reasons are the trainer's own: ``load_config``'s checks, :func:`lf_orchestrator.families._plan.resolve_plan`
-    (``check_plan`` against the model's graph, then what the recipe trainer wires), and
+    (``check_plan`` against the model's graph, then what the trainer wires), and
     :func:`~lf_orchestrator.families._plan.trainer_unsupported` where the family knows its tokens per sample from
     the config alone.
     """

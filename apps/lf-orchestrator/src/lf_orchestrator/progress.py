@@ -8,7 +8,7 @@ the bar prints nothing until the end. :class:`TrainProgress` therefore picks one
   lr 1.00e-03 0.398 s/step 80.4 samples/s 1,234 tok/s ETA 0:09:45``, written to stdout when stdout is
   redirected (so it lands in the log file) and to the console otherwise.
 
-Both trainers (VLA and the llm / vlm / video recipe trainer) report through it with the same vocabulary: the
+The trainer reports through it for every family with the same vocabulary: the
 step time (``step_s``, seconds per step over the log window), samples/s (``perf/samples_per_s``), tokens/s
 (``perf/tokens_per_s``, where the run has tokens) and the time left at the window's pace.
 

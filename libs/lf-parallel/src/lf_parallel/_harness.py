@@ -18,7 +18,7 @@ rank's share of the global batch per step, then AdamW, in ``Job.dtype``. What it
 :func:`harness_unsupported`, never run as something else): pipeline parallel (``pp > 1``: the harness has
 no schedule, every pipeline rank would train the whole model), gradient accumulation (``grad_accum > 1``:
 one backward per step, so each rank would see ``1 / grad_accum`` of its samples) and mixed precision
-(``precision`` other than fp32). It clips gradients to ``Job.grad_clip``. The recipe trainer runs all of those:
+(``precision`` other than fp32). It clips gradients to ``Job.grad_clip``. The trainer runs all of those:
 ``lf parallel check`` (lf-orchestrator) trains a plan with ``lf run`` itself against one process; this harness
 serves the library's own tests.
 """
@@ -132,7 +132,7 @@ def harness_unsupported(plan: Plan, text: str = "...") -> str | None:
     Returns:
         A message naming the field and its value and saying how to check the plan instead, or None.
     """
-    instead = (f"; check it through the recipe trainer instead: `lf parallel check --recipe RECIPE "
+    instead = (f"; check it through the trainer instead: `lf parallel check --recipe RECIPE "
                f"--plan '{text}' --nproc {plan.world_size}` (lf-orchestrator) trains it with `lf run` and compares "
                f"with one process")
     if plan.pp > 1:

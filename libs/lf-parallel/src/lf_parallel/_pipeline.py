@@ -38,7 +38,7 @@ stages are each tp rank's local sequence shard (batch, seq / tp, dim); side tens
 stay whole (attention sees the gathered sequence).
 
 ``scale_grads=False`` leaves the gradient sum over micro-batches as is (a ``loss_fn``
-that already divides by the global count of target units, as the recipe trainer's).
+that already divides by the global count of target units, as the trainer's).
 
 Legend: ``ids_bs`` (batch, seq) int64; ``x_bsd`` (batch, seq, dim).
 """

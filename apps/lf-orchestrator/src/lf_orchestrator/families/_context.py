@@ -1,4 +1,4 @@
-"""Context parallelism (``parallel.spec = "cp=2"``) in the recipe trainer: which families, the cp-rank loss shares.
+"""Context parallelism (``parallel.spec = "cp=2"``) in the trainer: which families, the cp-rank loss shares.
 
 Every cp rank of a data-parallel group reads the *same* samples (the sampler is
 indexed by the dp rank only); :func:`lf_parallel.parallelize` makes each lowered
@@ -33,7 +33,7 @@ CP_KINDS = ("ring", "ulysses")
 
 
 def cp_unsupported(plan, recipe: str) -> str | None:
-    """Why the recipe trainer cannot run ``plan`` (cp > 1) for ``model.recipe = recipe``; None when it can."""
+    """Why the trainer cannot run ``plan`` (cp > 1) for ``model.recipe = recipe``; None when it can."""
     if plan.cp <= 1:
         return None
     from lf_ir import RECIPES, recipe_spec
@@ -41,15 +41,15 @@ def cp_unsupported(plan, recipe: str) -> str | None:
     kinds = recipe_spec(recipe, where="model.recipe").context_parallel
     if not kinds:
         wired = sorted(name for name, spec in RECIPES.items() if spec.context_parallel)
-        return (f"cp > 1 is wired into the recipe trainer for model.recipe in {wired} only (the recipes whose "
+        return (f"cp > 1 is wired into the trainer for model.recipe in {wired} only (the recipes whose "
                 f"RecipeSpec.context_parallel is set), got model.recipe = {recipe!r}")
     if plan.cp_kind not in CP_KINDS:
-        return (f"parallel.cp_kind = {plan.cp_kind!r} is not run by the recipe trainer (expected one of "
+        return (f"parallel.cp_kind = {plan.cp_kind!r} is not run by the trainer (expected one of "
                 f"{list(CP_KINDS)}; 'ring+ulysses' needs a 2-D split of the cp group the plan does not describe)")
     if plan.cp_kind not in kinds:
         return f"parallel.cp_kind = {plan.cp_kind!r}: model.recipe = {recipe!r} runs cp_kind in {list(kinds)} only"
     if plan.tp > 1 or plan.pp > 1:
-        return f"cp > 1 with tp > 1 or pp > 1 is not wired into the recipe trainer yet (got tp={plan.tp}, pp={plan.pp})"
+        return f"cp > 1 with tp > 1 or pp > 1 is not wired into the trainer yet (got tp={plan.tp}, pp={plan.pp})"
     return None
 
 

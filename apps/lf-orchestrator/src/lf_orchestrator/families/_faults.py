@@ -1,4 +1,4 @@
-"""Fault handling of both trainers (VLA and llm / vlm / video), on :mod:`lf_orchestrator.faults`' policies.
+"""Fault handling of the trainer (every family), on :mod:`lf_orchestrator.faults`' policies.
 
 * :func:`nonfinite_step`: ``train.on_nonfinite`` for a step whose all-reduced loss or gradient norm is NaN/inf
   (``stop`` / ``skip`` / ``rollback``; a pending background save is committed first so that ``rollback``
@@ -25,10 +25,9 @@ from lf_parallel import DistContext, global_sum
 
 
 def nonfinite_step(trainer, reason: str, grad_norm: float) -> dict[str, float]:
-    """Apply ``train.on_nonfinite`` to ``trainer`` (either trainer) before its update is applied.
+    """Apply ``train.on_nonfinite`` to ``trainer`` before its update is applied.
 
-    Returns the step's scalars for ``skip`` (with ``train/target_units`` 0: the recipe trainer's throughput
-    counts none; the VLA trainer drops the key).
+    Returns the step's scalars for ``skip`` (with ``train/target_units`` 0: the throughput counts none).
 
     Raises:
         NonFiniteError: policy ``stop`` (weights, optimizer, schedule and checkpoints untouched), or ``rollback``

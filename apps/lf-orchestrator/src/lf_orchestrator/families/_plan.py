@@ -5,7 +5,7 @@ on a CPU job, on a nominal cluster of ``world_size`` H100s: the cost model needs
 GPU, so on the CPU the ranking only orders the plans, its times are not CPU times
 (logged as such). Its rates are :func:`lf_parallel.calibration_for`'s: this GPU's cached
 measurement (``lf plan --calibrate``) when it is the cluster's model, else the defaults
-(``calibration`` in ``plan.json`` says which). The recipe trainer runs data parallel, ZeRO 0-3 and tensor (+
+(``calibration`` in ``plan.json`` says which). The trainer runs data parallel, ZeRO 0-3 and tensor (+
 sequence) parallel plans, pipeline parallel (``pp > 1``, any schedule, with tp / sp /
 dp / ZeRO) for the llm family (llama3), and context parallel (``cp > 1``, ring or Ulysses,
 ``parallel.cp_kind``, with dp / ZeRO) for the video and llm families
@@ -86,7 +86,7 @@ _PP_CACHE: dict[tuple, str | None] = {}
 
 
 def trainer_unsupported(plan: Plan, cfg, graph, seq: int) -> str | None:
-    """Why ``lf run`` (the recipe trainer) cannot run ``plan`` for this config, graph and ``seq`` tokens per
+    """Why ``lf run`` (the trainer) cannot run ``plan`` for this config, graph and ``seq`` tokens per
     sample; None when it can. Pipeline plans are checked by building their stages on the meta device (cached
     per model, LoRA / freezing and ``(pp, virtual stages)``)."""
     why = _supported(plan, cfg.train.lora_rank > 0, cfg.model.recipe)

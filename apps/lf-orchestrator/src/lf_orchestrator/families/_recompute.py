@@ -1,4 +1,4 @@
-"""``memory.recompute = "auto"`` in the recipe trainer: lf-memory's knapsack planner on the family's graph.
+"""``memory.recompute = "auto"`` in the trainer: lf-memory's knapsack planner on the family's graph.
 
 :func:`plan_family_recompute` plans one option per block (``none`` / ``selective`` / ``selective_attn`` /
 ``full``, :func:`lf_memory.plan_recompute`) for the blocks this rank runs, at the plan's micro-batch and the

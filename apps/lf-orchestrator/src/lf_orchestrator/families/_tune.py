@@ -1,7 +1,7 @@
 """``parallel.tune = "measure"`` (``lf run --tune measure``): keep the fastest of the auto-tuner's top plans as
 measured on this job's hardware, not as predicted.
 
-With ``parallel.plan = "auto"`` the recipe trainer normally trains with the cost model's fastest plan it can run
+With ``parallel.plan = "auto"`` the trainer normally trains with the cost model's fastest plan it can run
 (:func:`lf_orchestrator.families._plan.auto_plan`). Under ``tune = "measure"`` it first takes the first
 ``parallel.tune_top`` plans of the same ranking that it can run (:func:`runnable_candidates`), trains each for
 one warm-up and ``parallel.tune_steps`` timed optimizer steps on the run's own data, model and precision
@@ -38,7 +38,7 @@ WARMUP_STEPS = 1
 
 def runnable_candidates(cfg, graph, *, world_size: int, device_type: str, seq: int, precision: str,
                         top: int) -> list[tuple[Plan, dict]]:
-    """The first ``top`` distinct plans of ``lf plan``'s ranking that the recipe trainer runs on ``world_size``
+    """The first ``top`` distinct plans of ``lf plan``'s ranking that the trainer runs on ``world_size``
     processes, each as ``(plan, info)`` with ``info``'s ``predicted_step_s`` and ``recompute`` (on one process
     the ZeRO stages are one plan: only ZeRO-0 is tried).
 

@@ -1,10 +1,8 @@
-"""The fit loop of both trainers: steps, logging window, checkpoint cadence, faults, final save and summary.
+"""The fit loop of the trainer: steps, logging window, checkpoint cadence, faults, final save and summary.
 
-The VLA trainer of ``lf run`` (:class:`lf_orchestrator.trainer.Trainer`) and the llm / vlm / video
-:class:`lf_orchestrator.train.trainer.Trainer` differ in how a step is computed, not in how a run is
-driven; :func:`fit_loop` drives both, :func:`apply_update` ends a step the same way in both (and in the
-pipeline-parallel step, :mod:`lf_orchestrator.train._pipeline_step`), and :func:`lr_schedule` is their
-learning-rate schedule.
+:func:`fit_loop` drives :class:`lf_orchestrator.train.trainer.Trainer` (any family, any plan),
+:func:`apply_update` ends its plain and its pipeline-parallel step (:mod:`lf_orchestrator.train._pipeline_step`)
+the same way, and :func:`lr_schedule` is its learning-rate schedule.
 
 Per step: ``trainer.train_step()``; every ``train.log_every`` steps (and the last) the scalars go to
 ``metrics.jsonl`` / TensorBoard with the throughput of the window since the previous log line (the trainer's
