@@ -63,7 +63,8 @@ def plan_family_recompute(cfg, family, plan, dtype_bytes: int, *, pp_rank: int =
 
     Args:
         cfg: the run config (``memory.budget_gib``).
-        family: the run's family (``graph``, ``seq_len``: tokens per sample of the main component).
+        family: the run's family (``graph``, ``seq_len``: tokens per sample of the main component; optionally
+            ``recompute_key_padding``: components whose blocks keep a key-padding mask, none when absent).
         plan: the checked parallel plan (``micro_batch``; ``pp``, ``pp_schedule``, ``grad_accum`` for pipelines).
         dtype_bytes: bytes per activation element (2 under bf16 / fp16 autocast, 4 in float32).
         pp_rank: this rank's pipeline rank (``plan.pp > 1``).
@@ -98,7 +99,7 @@ def plan_family_recompute(cfg, family, plan, dtype_bytes: int, *, pp_rank: int =
         in_flight = math.ceil(in_flight_micro_batches(plan.pp_schedule, plan.pp, pp_rank, plan.grad_accum,
                                                       plan.pp_virtual_stages))
     result = plan_recompute(graph, max(budget, 0), plan.micro_batch, seq, dtype_bytes, in_flight=in_flight,
-                            key_padding=family.recompute_key_padding,
+                            key_padding=getattr(family, "recompute_key_padding", frozenset()),
                             kernels=kernels, stream_db=residual_stream_bytes(plan, dtype_bytes))
     if not result.fits:
         raise ConfigError(f"memory.budget_gib: {cfg.memory.budget_gib} GiB leaves {budget / 2**30:.4f} GiB for "
