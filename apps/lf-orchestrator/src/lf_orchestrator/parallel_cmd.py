@@ -43,6 +43,7 @@ import typer
 
 from lf_orchestrator._check_configs import CLIP
 from lf_orchestrator._console import make_console
+from lf_orchestrator._options import SetOpt
 
 parallel_app = typer.Typer(help="Check hybrid parallel plans on CPU processes.", no_args_is_help=True)
 console = make_console(stderr=True)
@@ -196,12 +197,14 @@ def check(recipe: Annotated[str, typer.Option(
           work_dir: Annotated[Optional[Path], typer.Option(
               help="Folder for the check's config, run folders and logs (kept); default: a temporary folder, "
                    "removed when the check passes.")] = None,
+          overrides: SetOpt = None,
           dry_run: Annotated[bool, typer.Option("--dry-run", help="Only validate the plan against the model.")]
           = False):
     """Train the recipe's tiny model with `lf run` under --plan on --nproc processes and compare it with one process.
 
     The oracle is the single-process `lf run` of the same config (same seed, global batch and micro-batches): per
-    step the losses and gradient norms, and the parameters after the last step, within --tol (relative). Exit 0
+    step the losses and gradient norms, and the parameters after the last step, within --tol (relative). --set
+    changes the check's config for both runs (e.g. model.overrides.layers=4). Exit 0
     within, 1 beyond (or a run that failed), 2 for a plan or config that `lf run` refuses (before any process).
     """
     from lf_orchestrator._atomic import write_text_atomic
@@ -229,6 +232,13 @@ def check(recipe: Annotated[str, typer.Option(
         _fail(str(err))
     cfg_path = work / "check.toml"
     write_text_atomic(cfg_path, msgspec.toml.encode(sections).decode())
+    if overrides:  # e.g. --set model.overrides.layers=4 (interleaved schedules need blocks for every stage)
+        from lf_orchestrator.config import ConfigError, load_config, to_toml
+
+        try:
+            write_text_atomic(cfg_path, to_toml(load_config(cfg_path, overrides, check_paths=False)))
+        except ConfigError as err:
+            _fail(str(err).removeprefix(f"{cfg_path} with --set: "))
     checked = {}
     for option, text in [("--plan", plan)] + ([("--reshard-to", reshard_to)] if reshard_to else []):
         resolved, why = plan_refusal(cfg_path, text, nproc)
