@@ -120,19 +120,19 @@ def norm_saved(kind: str, tokens: int, dim: int, dtype_bytes: int, *, kernels: s
 def zero_centered_rms_saved(tokens: int, dim: int, dtype_bytes: int, *, kernels: str = "cpu") -> int:
     """Saved bytes of a zero-centered RMSNorm (``Norm.zero_centered_gamma``, HF's ``GemmaRMSNorm`` op by op).
 
-    In float32 whatever the input's dtype: ``x.float()`` (kept by ``pow`` and the ``x * rstd`` product; a
+    In float32 (float64 for a float64 input): ``x.float()`` (kept by ``pow`` and the ``x * rstd`` product; a
     float32 input is itself), ``rstd`` (T, kept by ``rsqrt``), ``x * rstd`` and ``1 + weight`` (dim, both kept
     by the scale product). The same on every device (no fused kernel), so ``kernels`` is only checked.
 
     Returns:
-        ``(2 * tokens * dim + tokens + dim) * 4`` bytes. ``dtype_bytes`` (the input's) does not enter.
+        ``(2 * tokens * dim + tokens + dim) * max(dtype_bytes, 4)`` bytes (``dtype_bytes``: the input's).
 
     Raises:
         ValueError: ``kernels`` not in :data:`KERNELS`.
     """
     if kernels not in KERNELS:
         raise ValueError(f"kernels must be one of {list(KERNELS)}, got {kernels!r}")
-    return (2 * tokens * dim + tokens + dim) * 4
+    return (2 * tokens * dim + tokens + dim) * max(dtype_bytes, 4)
 
 
 def attention_flash_path(node, mask, seq: int, key_padding: bool) -> bool:

@@ -138,7 +138,8 @@ class ZeroCenteredRMSNormModule(nn.Module):
     """RMSNorm scaled by ``1 + weight`` (weight initialized to 0), HF's ``GemmaRMSNorm`` op for op.
 
     ``y = (x.float() * rsqrt(mean(x.float()^2, -1) + eps) * (1 + weight.float())).to(x.dtype)``:
-    statistics and scale in float32 whatever the input's dtype (Gemma multiplies before casting back).
+    statistics and scale in float32 for float32 / bfloat16 / float16 inputs (Gemma multiplies before casting
+    back); a float64 input stays in float64 (where HF would round to float32), so float64 references stay exact.
     No fused op covers it: no ``fused`` flag, :func:`lf_ir.use_fused_ops` skips it.
 
     forward: ``x`` ``(..., dim)`` float -> same shape and dtype.
@@ -153,9 +154,10 @@ class ZeroCenteredRMSNormModule(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
+        compute = torch.promote_types(x.dtype, torch.float32)
+        xf = x.to(compute)
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * (1.0 + self.weight.float())).type_as(x)
+        return (normed * (1.0 + self.weight.to(compute))).type_as(x)
 
 
 class ScaledEmbedding(nn.Embedding):

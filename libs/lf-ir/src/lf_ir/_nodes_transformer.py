@@ -37,8 +37,9 @@ class Norm(_Node, frozen=True, kw_only=True, tag="norm"):
     """Added to the variance for stability."""
     zero_centered_gamma: bool | msgspec.UnsetType = msgspec.UNSET
     """RMSNorm only: scale by ``1 + weight`` with the weight initialized to 0 (Gemma; Transformer Engine's
-    ``zero_centered_gamma``), computed as HF's ``GemmaRMSNorm``: in float32, ``x * rsqrt(mean(x^2) + eps)
-    * (1 + weight)``, then cast to the input's dtype. Unset (left out of the JSON) or False: ``x * rstd * weight``."""
+    ``zero_centered_gamma``), computed as HF's ``GemmaRMSNorm``: in float32 (float64 inputs: float64),
+    ``x * rsqrt(mean(x^2) + eps) * (1 + weight)``, then cast to the input's dtype. Unset (left out of the
+    JSON) or False: ``x * rstd * weight``."""
 
     def __post_init__(self) -> None:
         self._positive(dim=self.dim)
