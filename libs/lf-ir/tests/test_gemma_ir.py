@@ -69,6 +69,7 @@ def test_tiny_builds_validates_round_trips_and_counts_its_module(overrides):
                                                    cfg.head_dim, cfg.ffn_hidden)
     assert {node.name for node in graph.components[0].nodes} <= {node.name for _, _, node in lf_modules(model)}
     assert len(model.blocks) == cfg.layers and RECIPES["gemma"].build_graph is build_graph
+    assert graph.components[0].nodes[0].tp == "row"  # the tied head splits the vocabulary with it under TP
     with pytest.raises(ValueError, match=r"model.size: unknown gemma size '13B'"):
         gemma_config("13B")
 

@@ -88,8 +88,8 @@ def gemma_config(size: str = "7B", **overrides) -> GemmaConfig:
 def build_graph(cfg: GemmaConfig, seq_len: int | None = None) -> Graph:
     """The IR graph of a Gemma model; ``seq_len`` (default ``cfg.max_seq_len``) sets FLOP counts.
 
-    One ``text`` component: ``embed`` (scaled by ``sqrt(dim)``), blocks ``layer0..layer{L-1}``,
-    ``norm``, ``head`` (tied to ``embed``).
+    One ``text`` component: ``embed`` (scaled by ``sqrt(dim)``; vocab-parallel under tensor parallelism,
+    as the head tied to it), blocks ``layer0..layer{L-1}``, ``norm``, ``head`` (tied to ``embed``).
 
     Raises:
         IRError: naming the node that does not fit (e.g. ``'layer0.attention'`` when ``heads``
@@ -109,7 +109,8 @@ def build_graph(cfg: GemmaConfig, seq_len: int | None = None) -> Graph:
         mlp=MLP(name=f"layer{i}.mlp", dim=cfg.dim, hidden=cfg.ffn_hidden, activation="geglu_tanh", bias=False),
     ) for i in range(cfg.layers)]
     text = Component(name="text", modality="text", seq_len=seq_len or cfg.max_seq_len, nodes=[
-        Embedding(name="embed", num_embeddings=cfg.vocab_size, dim=cfg.dim, scale=math.sqrt(cfg.dim)),
+        # vocab-parallel table (tp="row"): the tied head then splits the vocabulary with it under tensor parallelism
+        Embedding(name="embed", num_embeddings=cfg.vocab_size, dim=cfg.dim, tp="row", scale=math.sqrt(cfg.dim)),
         *blocks,
         norm("norm"),
         LMHead(name="head", dim=cfg.dim, vocab_size=cfg.vocab_size, tied_to="embed"),
