@@ -112,6 +112,29 @@ def test_llama3_fused_equals_plain_forward_and_grads(interpreter):
     assert not _autograd_fns(next_token_loss(fused(ids), ids))
 
 
+def test_gemma_keeps_the_plain_path_where_no_fused_op_fits(interpreter):
+    """GeGLU and the zero-centered ``1 + w`` RMSNorm have no fused op: ``use_fused_ops`` switches only the
+    attention modules (RoPE) of a gemma model, and its GeGLU / norm outputs stay bit-identical to the plain ones."""
+    from lf_ir._lower import MLPModule, ZeroCenteredRMSNormModule
+    from lf_ir.recipes.gemma import GemmaModel, gemma_config
+
+    cfg = gemma_config("tiny")
+    plain, _ = _build(GemmaModel, cfg, fused=False)
+    fused, count = _build(GemmaModel, cfg, fused=True)
+    assert count == cfg.layers  # one attention per block; no MLP, no norm
+    assert not any(m.fused for m in fused.modules() if isinstance(m, MLPModule))
+    assert not any(hasattr(m, "fused") for m in fused.modules() if isinstance(m, ZeroCenteredRMSNormModule))
+    ids = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+    loss = _compare(plain, fused, lambda m: next_token_loss(m(ids), ids))
+    if interpreter:
+        assert _autograd_fns(loss) == {"_RotaryFnBackward"}
+    x = torch.randn(2, 5, cfg.dim, generator=torch.Generator().manual_seed(2))
+    block_plain, block_fused = plain.blocks[0], fused.blocks[0]
+    with torch.no_grad():
+        assert torch.equal(block_fused.mlp(x), block_plain.mlp(x))
+        assert torch.equal(block_fused.mlp_norm(x), block_plain.mlp_norm(x))
+
+
 def test_wan_dit_fused_equals_plain_forward_and_grads(interpreter):
     cfg = wan_dit_config("tiny")
     plain, _ = _build(WanDiTModel, cfg, fused=False)

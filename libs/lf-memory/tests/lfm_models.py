@@ -48,6 +48,16 @@ def vla_inputs(model: VLAModel, seed: int = 0) -> tuple:
     return image, ids, mask, state, actions
 
 
+def tiny_gemma():
+    """A fresh tiny Gemma (GeGLU, ``1 + w`` RMSNorm, MQA) whose 4 heads of 16 are wider than dim / heads (48 / 4),
+    with fixed weights (seed 0)."""
+    from lf_ir.recipes.gemma import GemmaModel, gemma_config
+
+    with torch.device("meta"):
+        model = GemmaModel(gemma_config("tiny", dim=48, heads=4, kv_heads=1, head_dim=16))
+    return materialize(model, "cpu", 0)
+
+
 def llama_inputs(seed: int = 0) -> torch.Tensor:
     """Token ids (BATCH, LLAMA_SEQ) int64."""
     return torch.randint(0, 256, (BATCH, LLAMA_SEQ), generator=torch.Generator().manual_seed(seed))
@@ -55,7 +65,7 @@ def llama_inputs(seed: int = 0) -> torch.Tensor:
 
 def block_cases() -> list[tuple[str, torch.nn.Module, tuple, int, bool]]:
     """(name, block, args, seq, key_padding) for each kind of tiny block, args as the model passes them."""
-    vla, llama = tiny_vla(), tiny_llama()
+    vla, llama, gemma = tiny_vla(), tiny_llama(), tiny_gemma()
     gen = torch.Generator().manual_seed(3)
     cfg = vla.cfg
     patches = (cfg.image_size // cfg.patch_size) ** 2
@@ -68,6 +78,8 @@ def block_cases() -> list[tuple[str, torch.nn.Module, tuple, int, bool]]:
          (torch.randn(BATCH, cfg.seq_len, cfg.dim, generator=gen), vla.mask, padding), cfg.seq_len, True),
         ("llama3", llama.blocks[0],
          (torch.randn(BATCH, LLAMA_SEQ, llama.cfg.dim, generator=gen), llama.mask), LLAMA_SEQ, False),
+        ("gemma", gemma.blocks[0],
+         (torch.randn(BATCH, LLAMA_SEQ, gemma.cfg.dim, generator=gen), gemma.mask), LLAMA_SEQ, False),
     ]
 
 

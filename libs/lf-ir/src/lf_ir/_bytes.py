@@ -29,8 +29,11 @@ lowered modules in float32 and bf16 (``tests/test_ir_bytes.py``):
   (mb*seq*seq, ``mb`` = batch with key padding or packed documents, else 1),
   the empty-row guard ``row_any`` (mb*seq) and a new output-projection input
   (T*d), besides q, the SDPA output and the log-sum-exp.
-- MLP: its input; GELU: up output and GELU output (2*T*H); SwiGLU: gate and up
-  outputs, ``silu(gate)`` and the product (4*T*H).
+- MLP: its input; GELU: up output and GELU output (2*T*H); SwiGLU / GeGLU: gate and up
+  outputs, ``silu(gate)`` / ``gelu_tanh(gate)`` and the product (4*T*H).
+- Zero-centered RMSNorm (Gemma's ``(1 + w)``, op by op in float32): :func:`zero_centered_rms_saved`.
+- Attention with ``kv_channels`` set: q, the SDPA output and the o projection's input are ``a = heads *
+  head_dim`` wide instead of ``d`` (the rules below write ``d`` for the case ``a = d``).
 - TransformerBlock: the sum of its four children (residual adds keep nothing).
 - The multimodal, DiT and video VAE families: :mod:`lf_ir._bytes_video`.
 
@@ -114,6 +117,24 @@ def norm_saved(kind: str, tokens: int, dim: int, dtype_bytes: int, *, kernels: s
     return (2 * tokens * dim + tokens) * max(dtype_bytes, 4)
 
 
+def zero_centered_rms_saved(tokens: int, dim: int, dtype_bytes: int, *, kernels: str = "cpu") -> int:
+    """Saved bytes of a zero-centered RMSNorm (``Norm.zero_centered_gamma``, HF's ``GemmaRMSNorm`` op by op).
+
+    In float32 (float64 for a float64 input): ``x.float()`` (kept by ``pow`` and the ``x * rstd`` product; a
+    float32 input is itself), ``rstd`` (T, kept by ``rsqrt``), ``x * rstd`` and ``1 + weight`` (dim, both kept
+    by the scale product). The same on every device (no fused kernel), so ``kernels`` is only checked.
+
+    Returns:
+        ``(2 * tokens * dim + tokens + dim) * max(dtype_bytes, 4)`` bytes (``dtype_bytes``: the input's).
+
+    Raises:
+        ValueError: ``kernels`` not in :data:`KERNELS`.
+    """
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {list(KERNELS)}, got {kernels!r}")
+    return (2 * tokens * dim + tokens + dim) * max(dtype_bytes, 4)
+
+
 def attention_flash_path(node, mask, seq: int, key_padding: bool) -> bool:
     """Whether ``lf_kernels.attention`` takes a mask-free SDPA path on the CPU (seq_q == seq_kv, no lse).
 
@@ -125,30 +146,35 @@ def attention_flash_path(node, mask, seq: int, key_padding: bool) -> bool:
     return not key_padding and not mask.packed and mask.canonical(seq).kind in ("full", "causal")
 
 
+def _inner(node) -> int:
+    """Width of the queries and the attention output: ``heads * head_dim`` (``dim`` unless the head width is set)."""
+    return node.heads * node.head_dim
+
+
 def attention_saved(node, mask, batch: int, seq: int, dtype_bytes: int, key_padding: bool) -> int:
     """Saved bytes of an Attention node (see the module docstring)."""
-    tokens, d, kv = batch * seq, node.dim, node.kv_heads * node.head_dim
-    elems = tokens * d + tokens * d + tokens * d  # input, q, SDPA output
+    tokens, d, kv, a = batch * seq, node.dim, node.kv_heads * node.head_dim, _inner(node)
+    elems = tokens * d + tokens * a + tokens * a  # input, q, SDPA output
     if node.rope is not None:
         elems += 2 * batch * seq * node.head_dim
     if attention_flash_path(node, mask, seq, key_padding):
         elems += 2 * tokens * kv
     else:
         mask_batch = batch if key_padding or mask.packed else 1
-        elems += 2 * tokens * (d if node.heads != node.kv_heads else kv)
-        elems += mask_batch * seq * seq + mask_batch * seq + tokens * d
+        elems += 2 * tokens * (a if node.heads != node.kv_heads else kv)
+        elems += mask_batch * seq * seq + mask_batch * seq + tokens * a
     return elems * dtype_bytes + batch * node.heads * seq * LSE_BYTES
 
 
 def attention_forward(node, mask, batch: int, seq: int, dtype_bytes: int, key_padding: bool) -> int:
     """Forward memory traffic of an Attention node (see the module docstring)."""
-    tokens, d, kv = batch * seq, node.dim, node.kv_heads * node.head_dim
+    tokens, d, kv, a = batch * seq, node.dim, node.kv_heads * node.head_dim, _inner(node)
     params = sum(_numel(s) for s in node.param_shapes().values())
-    proj = 3 * tokens * d + tokens * (d + 2 * kv) + 2 * tokens * d  # q/k/v read x, write q/k/v; o in/out
-    core = tokens * (d + 2 * kv) + tokens * d  # read q, k, v; write out
+    proj = 3 * tokens * d + tokens * (a + 2 * kv) + tokens * (a + d)  # q/k/v read x, write q/k/v; o in/out
+    core = tokens * (a + 2 * kv) + tokens * a  # read q, k, v; write out
     rope = 0
     if node.rope is not None:
-        rope = 2 * tokens * (d + kv) + 2 * batch * seq * node.head_dim
+        rope = 2 * tokens * (a + kv) + 2 * batch * seq * node.head_dim
     mask_read = 0
     if not attention_flash_path(node, mask, seq, key_padding):
         mask_batch = batch if key_padding or mask.packed else 1
@@ -159,15 +185,15 @@ def attention_forward(node, mask, batch: int, seq: int, dtype_bytes: int, key_pa
 
 def mlp_saved(node, tokens: int, dtype_bytes: int) -> int:
     """Saved bytes of an MLP node over ``tokens`` rows."""
-    hidden_copies = 4 if node.activation == "swiglu" else 2
+    hidden_copies = 4 if node.gated else 2
     return (tokens * node.dim + hidden_copies * tokens * node.hidden) * dtype_bytes
 
 
 def mlp_forward(node, tokens: int, dtype_bytes: int) -> int:
-    """Forward traffic of an MLP node: the projections, the activation and (SwiGLU) the product."""
+    """Forward traffic of an MLP node: the projections, the activation and (gated) the product."""
     d, hid = node.dim, node.hidden
     params = sum(_numel(s) for s in node.param_shapes().values())
-    if node.activation == "swiglu":
+    if node.gated:
         elems = 2 * tokens * (d + hid) + 2 * tokens * hid + 3 * tokens * hid + tokens * (hid + d)
     else:
         elems = tokens * (d + hid) + 2 * tokens * hid + tokens * (hid + d)

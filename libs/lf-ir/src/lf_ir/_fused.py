@@ -95,14 +95,17 @@ class RMSNormModule(nn.RMSNorm):
 
 
 def fused_modules(model: nn.Module) -> list[nn.Module]:
-    """The submodules of ``model`` (itself included) that have a fused path: class attribute ``fused``."""
-    return [m for m in model.modules() if isinstance(getattr(type(m), "fused", None), bool)]
+    """The submodules of ``model`` (itself included) that have a fused path: class attribute ``fused``, less the
+    modules whose options no fused op covers (instance attribute ``has_fused_op`` False, e.g. a GeGLU MLP)."""
+    return [m for m in model.modules()
+            if isinstance(getattr(type(m), "fused", None), bool) and getattr(m, "has_fused_op", True)]
 
 
 def use_fused_ops(model: nn.Module, enabled: bool = True) -> int:
     """Switch the lowered modules of ``model`` to lf-kernels' fused ops (``enabled=False``: back to plain PyTorch).
 
-    Covered: RMSNorm (:class:`RMSNormModule`), SwiGLU in ``MLPModule``, 1D RoPE
+    Covered: RMSNorm (:class:`RMSNormModule`; not the zero-centered ``1 + weight`` norm), SwiGLU in ``MLPModule``
+    (a GeGLU ``MLPModule`` is skipped and keeps its plain path), 1D RoPE
     in ``AttentionModule``, M-RoPE in the Qwen2-VL ``MMAttentionModule``, and in
     the Wan DiT the adaLN modulation of ``DiTBlockModule`` / ``AdaLNHeadModule``
     and the 3D RoPE of ``DiTAttentionModule``. The RoPE paths feed the kernel

@@ -17,6 +17,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import msgspec
 import torch
 from torch import nn
 
@@ -80,10 +81,10 @@ class AttentionModule(nn.Module):
         kv = node.kv_heads * node.head_dim
         self.heads, self.kv_heads, self.head_dim = node.heads, node.kv_heads, node.head_dim
         self.rope = node.rope
-        self.q = nn.Linear(node.dim, node.dim, bias=node.bias)
+        self.q = nn.Linear(node.dim, node.inner_dim, bias=node.bias)
         self.k = nn.Linear(node.dim, kv, bias=node.bias)
         self.v = nn.Linear(node.dim, kv, bias=node.bias)
-        self.o = nn.Linear(node.dim, node.dim, bias=node.bias)
+        self.o = nn.Linear(node.inner_dim, node.dim, bias=node.bias)
 
     def forward(self, x_bsd: torch.Tensor, mask: MaskSpec, key_padding: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, document_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -105,16 +106,21 @@ class AttentionModule(nn.Module):
 
 
 class MLPModule(nn.Module):
-    """GELU MLP or SwiGLU on the last dim; with ``fused`` set, SwiGLU runs :func:`lf_kernels.swiglu`."""
+    """GELU MLP, SwiGLU or GeGLU (tanh GELU) on the last dim; with ``fused`` set, SwiGLU runs :func:`lf_kernels.swiglu`.
+
+    A GeGLU module has no fused op (``has_fused_op`` False): :func:`lf_ir.use_fused_ops` leaves it alone.
+    """
 
     fused: bool = False
 
     def __init__(self, node: MLP):
         super().__init__()
         self.swiglu = node.activation == "swiglu"
+        self.geglu_tanh = node.activation == "geglu_tanh"
+        self.has_fused_op = not self.geglu_tanh
         self.up = nn.Linear(node.dim, node.hidden, bias=node.bias)
         self.down = nn.Linear(node.hidden, node.dim, bias=node.bias)
-        if self.swiglu:
+        if node.gated:
             self.gate = nn.Linear(node.dim, node.hidden, bias=node.bias)
 
     def forward(self, x_bsd: torch.Tensor) -> torch.Tensor:
@@ -123,7 +129,65 @@ class MLPModule(nn.Module):
             if self.fused and fusable(gate, up):
                 return self.down(swiglu(gate, up))
             return self.down(nn.functional.silu(gate) * up)
+        if self.geglu_tanh:  # HF's GemmaMLP: down(gelu_pytorch_tanh(gate(x)) * up(x))
+            return self.down(nn.functional.gelu(self.gate(x_bsd), approximate="tanh") * self.up(x_bsd))
         return self.down(nn.functional.gelu(self.up(x_bsd)))
+
+
+class ZeroCenteredRMSNormModule(nn.Module):
+    """RMSNorm scaled by ``1 + weight`` (weight initialized to 0), HF's ``GemmaRMSNorm`` op for op.
+
+    ``y = (x.float() * rsqrt(mean(x.float()^2, -1) + eps) * (1 + weight.float())).to(x.dtype)``:
+    statistics and scale in float32 for float32 / bfloat16 / float16 inputs (Gemma multiplies before casting
+    back); a float64 input stays in float64 (where HF would round to float32), so float64 references stay exact.
+    No fused op covers it: no ``fused`` flag, :func:`lf_ir.use_fused_ops` skips it.
+
+    forward: ``x`` ``(..., dim)`` float -> same shape and dtype.
+    """
+
+    zero_centered_gamma = True
+    """Tells :func:`init_weights` to start the weight at 0 (the identity scale)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        compute = torch.promote_types(x.dtype, torch.float32)
+        xf = x.to(compute)
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.to(compute))).type_as(x)
+
+
+class ScaledEmbedding(nn.Embedding):
+    """``nn.Embedding`` whose rows are multiplied by ``scale`` rounded to the table's dtype (HF's Gemma embedding).
+
+    Same parameter (``weight`` (vocab, dim)) and state-dict key as ``nn.Embedding``.
+    forward: ids (batch, seq) int64 -> (batch, seq, dim) in the table's dtype.
+    """
+
+    def __init__(self, num_embeddings: int, dim: int, scale: float):
+        super().__init__(num_embeddings, dim)
+        self.scale = float(scale)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = super().forward(ids)
+        return rows * torch.tensor(self.scale, dtype=rows.dtype, device=rows.device)
+
+
+def _lower_norm(node: Norm) -> nn.Module:
+    if node.kind == "layer":
+        return nn.LayerNorm(node.dim, eps=node.eps)
+    if node.zero_centered_gamma:
+        return ZeroCenteredRMSNormModule(node.dim, eps=node.eps)
+    return RMSNormModule(node.dim, eps=node.eps)
+
+
+def _lower_embedding(node: Embedding) -> nn.Module:
+    if node.scale is msgspec.UNSET:
+        return nn.Embedding(node.num_embeddings, node.dim)
+    return ScaledEmbedding(node.num_embeddings, node.dim, node.scale)
 
 
 class TransformerBlockModule(nn.Module):
@@ -201,11 +265,11 @@ def lower_node(node: _Node) -> nn.Module:
     return module
 
 
-register_lowering(Embedding)(lambda node: nn.Embedding(node.num_embeddings, node.dim))
+register_lowering(Embedding)(_lower_embedding)
 register_lowering(Linear)(lambda node: nn.Linear(node.in_features, node.out_features, bias=node.bias))
 register_lowering(PatchEmbed2D)(PatchEmbedModule)
 register_lowering(LearnedPositional)(LearnedPositionalModule)
-register_lowering(Norm)(lambda node: (nn.LayerNorm if node.kind == "layer" else RMSNormModule)(node.dim, eps=node.eps))
+register_lowering(Norm)(_lower_norm)
 register_lowering(Attention)(AttentionModule)
 register_lowering(MLP)(MLPModule)
 register_lowering(TransformerBlock)(TransformerBlockModule)
@@ -268,14 +332,16 @@ def init_weights(model: nn.Module, seed: int) -> nn.Module:
     """Deterministically initialize every parameter of ``model`` in place.
 
     Weights of linear, conv, embedding and positional tables ~ N(0, 0.02);
-    biases 0; norm scales 1. Each parameter's generator is seeded from
+    biases 0; norm scales 1 (zero-centered ``1 + weight`` norms: weight 0). Each parameter's generator is seeded from
     ``seed`` and its qualified name, so results do not depend on build order.
     """
     with torch.no_grad():
         for name, param in model.named_parameters():
             leaf = name.rsplit(".", 1)[-1]
             owner = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-            if isinstance(owner, (nn.LayerNorm, nn.RMSNorm)):
+            if getattr(owner, "zero_centered_gamma", False):
+                param.zero_()  # scale 1 + weight: the identity at 0
+            elif isinstance(owner, (nn.LayerNorm, nn.RMSNorm)):
                 param.fill_(1.0 if leaf == "weight" else 0.0)
             elif leaf == "bias":
                 param.zero_()

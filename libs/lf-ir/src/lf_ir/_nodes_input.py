@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import msgspec
+
 from lf_ir import _bytes
 from lf_ir._base import SeqSplit, TPStyle, _Node
 
@@ -14,7 +16,7 @@ __all__ = ["Embedding", "LearnedPositional", "Linear", "PatchEmbed2D"]
 
 
 class Embedding(_Node, frozen=True, kw_only=True, tag="embedding"):
-    """Token embedding table: ids (batch, seq) int64 -> (batch, seq, dim)."""
+    """Token embedding table: ids (batch, seq) int64 -> (batch, seq, dim), optionally times a constant ``scale``."""
 
     num_embeddings: int
     """Vocabulary size (rows of the table)."""
@@ -22,9 +24,14 @@ class Embedding(_Node, frozen=True, kw_only=True, tag="embedding"):
     """Embedding width."""
     tp: TPStyle = "replicate"
     """How tensor parallelism splits the table (vocab-parallel is ``"row"``)."""
+    scale: float | msgspec.UnsetType = msgspec.UNSET
+    """Multiply the looked-up rows by this constant, first rounded to the table's dtype as HF's Gemma does
+    (Gemma: ``sqrt(dim)``; a tied head still uses the unscaled table). Unset (left out of the JSON): no scaling."""
 
     def __post_init__(self) -> None:
         self._positive(num_embeddings=self.num_embeddings, dim=self.dim)
+        if self.scale is not msgspec.UNSET and not (isinstance(self.scale, (int, float)) and self.scale > 0):
+            self._fail(f"scale must be a positive number, got {self.scale!r}")
 
     @property
     def in_dim(self) -> int | None:
@@ -44,14 +51,16 @@ class Embedding(_Node, frozen=True, kw_only=True, tag="embedding"):
         return {"weight": 0 if self.tp == "row" else None}
 
     def forward_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
-        """Read the int64 ids and the gathered rows, write the embeddings."""
+        """Read the int64 ids and the gathered rows, write the embeddings (with ``scale``: read and write them
+        once more)."""
         _bytes.check_sizes(self, batch, seq, dtype_bytes)
-        return batch * seq * (8 + 2 * self.dim * dtype_bytes)
+        scaled = 0 if self.scale is msgspec.UNSET else 2 * batch * seq * self.dim * dtype_bytes
+        return batch * seq * (8 + 2 * self.dim * dtype_bytes) + scaled
 
     def saved_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
-        """The int64 ids (the weight gradient scatters by them)."""
+        """The int64 ids (the weight gradient scatters by them); with ``scale``, also the 0-d scale tensor."""
         _bytes.check_sizes(self, batch, seq, dtype_bytes)
-        return batch * seq * 8
+        return batch * seq * 8 + (0 if self.scale is msgspec.UNSET else dtype_bytes)
 
 
 class Linear(_Node, frozen=True, kw_only=True, tag="linear"):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+import msgspec
+
 from lf_ir import _bytes
 from lf_ir._base import SeqSplit, _Node
 from lf_ir._mask import Mask, as_mask
@@ -20,7 +22,12 @@ MaskKind = Literal["full", "causal", "prefix_lm"]
 
 
 class Norm(_Node, frozen=True, kw_only=True, tag="norm"):
-    """LayerNorm or RMSNorm over the last dim (shape preserving)."""
+    """LayerNorm or RMSNorm over the last dim (shape preserving).
+
+    Example:
+        >>> Norm(name="n", dim=8, kind="rms", zero_centered_gamma=True).param_shapes()
+        {'weight': (8,)}
+    """
 
     dim: int
     """Normalized feature size."""
@@ -28,11 +35,18 @@ class Norm(_Node, frozen=True, kw_only=True, tag="norm"):
     """``"layer"`` (Ba et al. 2016) or ``"rms"`` (Zhang & Sennrich 2019)."""
     eps: float = 1e-5
     """Added to the variance for stability."""
+    zero_centered_gamma: bool | msgspec.UnsetType = msgspec.UNSET
+    """RMSNorm only: scale by ``1 + weight`` with the weight initialized to 0 (Gemma; Transformer Engine's
+    ``zero_centered_gamma``), computed as HF's ``GemmaRMSNorm``: in float32 (float64 inputs: float64),
+    ``x * rsqrt(mean(x^2) + eps) * (1 + weight)``, then cast to the input's dtype. Unset (left out of the
+    JSON) or False: ``x * rstd * weight``."""
 
     def __post_init__(self) -> None:
         self._positive(dim=self.dim)
         if self.kind not in ("layer", "rms"):
             self._fail(f"kind must be 'layer' or 'rms', got {self.kind!r}")
+        if self.zero_centered_gamma and self.kind != "rms":
+            self._fail("zero_centered_gamma is implemented for kind='rms' only")
 
     @property
     def in_dim(self) -> int:
@@ -67,6 +81,8 @@ class Norm(_Node, frozen=True, kw_only=True, tag="norm"):
             ValueError: ``kernels`` not ``"cpu"`` or ``"cuda"``.
         """
         _bytes.check_sizes(self, batch, seq, dtype_bytes)
+        if self.zero_centered_gamma:  # computed op by op in float32 on every device
+            return _bytes.zero_centered_rms_saved(batch * seq, self.dim, dtype_bytes, kernels=kernels)
         return _bytes.norm_saved(self.kind, batch * seq, self.dim, dtype_bytes, kernels=kernels)
 
 
@@ -80,7 +96,7 @@ class Attention(_Node, frozen=True, kw_only=True, tag="attention"):
     dim: int
     """Model width."""
     heads: int
-    """Query heads; must divide ``dim``."""
+    """Query heads; must divide ``dim`` unless ``kv_channels`` is set."""
     kv_heads: int
     """Key/value heads; must divide ``heads`` (GQA, arXiv 2305.13245)."""
     mask: MaskKind | Mask = "causal"
@@ -90,10 +106,16 @@ class Attention(_Node, frozen=True, kw_only=True, tag="attention"):
     """Whether the q/k/v/o projections carry biases."""
     rope: RoPE | None = None
     """Rotary position embedding applied to q and k (None: no rotary embedding)."""
+    kv_channels: int | msgspec.UnsetType = msgspec.UNSET
+    """Features per head (HF ``head_dim``, Megatron-LM ``kv_channels``) when it is not ``dim / heads`` (Gemma 7B:
+    16 heads of 256 over a width of 3072): q is then ``heads * kv_channels`` wide. Unset (left out of the JSON):
+    ``dim / heads``. Read :attr:`head_dim` for the value in effect."""
 
     def __post_init__(self) -> None:
         self._positive(dim=self.dim, heads=self.heads, kv_heads=self.kv_heads)
-        if self.dim % self.heads:
+        if self.kv_channels is not msgspec.UNSET:
+            self._positive(kv_channels=self.kv_channels)
+        elif self.dim % self.heads:
             self._fail(f"dim {self.dim} is not divisible by heads {self.heads}")
         if self.heads % self.kv_heads:
             self._fail(f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
@@ -111,7 +133,13 @@ class Attention(_Node, frozen=True, kw_only=True, tag="attention"):
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.heads
+        """Features per head: ``kv_channels`` if set, else ``dim / heads``."""
+        return self.dim // self.heads if self.kv_channels is msgspec.UNSET else self.kv_channels
+
+    @property
+    def inner_dim(self) -> int:
+        """Width of the queries and of the attention output (the o projection's input): ``heads * head_dim``."""
+        return self.heads * self.head_dim
 
     @property
     def in_dim(self) -> int:
@@ -122,11 +150,11 @@ class Attention(_Node, frozen=True, kw_only=True, tag="attention"):
         return self.dim
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        kv = self.kv_heads * self.head_dim
-        shapes = {"q.weight": (self.dim, self.dim), "k.weight": (kv, self.dim),
-                  "v.weight": (kv, self.dim), "o.weight": (self.dim, self.dim)}
+        kv, inner = self.kv_heads * self.head_dim, self.inner_dim
+        shapes = {"q.weight": (inner, self.dim), "k.weight": (kv, self.dim),
+                  "v.weight": (kv, self.dim), "o.weight": (self.dim, inner)}
         if self.bias:
-            shapes.update({"q.bias": (self.dim,), "k.bias": (kv,), "v.bias": (kv,), "o.bias": (self.dim,)})
+            shapes.update({"q.bias": (inner,), "k.bias": (kv,), "v.bias": (kv,), "o.bias": (self.dim,)})
         return shapes
 
     seq_split: ClassVar[SeqSplit] = "context"
@@ -143,11 +171,12 @@ class Attention(_Node, frozen=True, kw_only=True, tag="attention"):
         return as_mask(self.mask)
 
     def _proj_flops(self, batch: int, seq: int) -> int:
-        return 2 * batch * seq * self.dim * (2 * self.dim + 2 * self.kv_heads * self.head_dim)
+        return 2 * batch * seq * self.dim * (2 * self.inner_dim + 2 * self.kv_heads * self.head_dim)
 
     def forward_flops(self, batch: int, seq: int) -> int:
-        """Projections plus the dense score and value terms (4 * seq^2 * dim per sample), the MFU convention."""
-        return self._proj_flops(batch, seq) + 4 * batch * seq * seq * self.dim
+        """Projections plus the dense score and value terms (4 * seq^2 * heads * head_dim per sample, i.e.
+        4 * seq^2 * dim when ``head_dim = dim / heads``), the MFU convention."""
+        return self._proj_flops(batch, seq) + 4 * batch * seq * seq * self.inner_dim
 
     def forward_flops_unmasked(self, batch: int, seq: int, doc_lens: list[int] | None = None) -> int:
         """Like :meth:`forward_flops` but counting only the score entries the mask keeps.
@@ -155,7 +184,7 @@ class Attention(_Node, frozen=True, kw_only=True, tag="attention"):
         ``doc_lens``: packed masks only, the document lengths of a sample (see
         :meth:`Mask.kept_pairs`); None counts one document per sample.
         """
-        return self._proj_flops(batch, seq) + 4 * batch * self.dim * self.mask_spec.kept_pairs(seq, doc_lens)
+        return self._proj_flops(batch, seq) + 4 * batch * self.inner_dim * self.mask_spec.kept_pairs(seq, doc_lens)
 
     def keep_fraction(self, seq: int, doc_lens: list[int] | None = None) -> float:
         """Exact fraction of the (seq, seq) score matrix the mask keeps (see :meth:`Mask.keep_fraction`)."""
@@ -175,22 +204,32 @@ class Attention(_Node, frozen=True, kw_only=True, tag="attention"):
         return _bytes.attention_saved(self, self.mask_spec, batch, seq, dtype_bytes, key_padding)
 
 
+MLP_ACTIVATIONS = ("gelu", "swiglu", "geglu_tanh")
+"""The activations an :class:`MLP` node implements."""
+
+
 class MLP(_Node, frozen=True, kw_only=True, tag="mlp"):
-    """Feed-forward block: GELU MLP or SwiGLU (Shazeer 2020, arXiv 2002.05202)."""
+    """Feed-forward block: GELU MLP, or a gated linear unit (Shazeer 2020, arXiv 2002.05202): SwiGLU or GeGLU."""
 
     dim: int
     """Model width (input and output)."""
     hidden: int
     """Hidden width."""
-    activation: Literal["gelu", "swiglu"] = "gelu"
-    """``"gelu"``: up -> GELU -> down; ``"swiglu"``: (silu(gate) * up) -> down."""
+    activation: Literal["gelu", "swiglu", "geglu_tanh"] = "gelu"
+    """``"gelu"``: up -> GELU -> down; ``"swiglu"``: (silu(gate) * up) -> down; ``"geglu_tanh"``:
+    (gelu_tanh(gate) * up) -> down, GELU in its tanh approximation (Gemma; HF ``gelu_pytorch_tanh``)."""
     bias: bool = True
     """Whether the projections carry biases."""
 
     def __post_init__(self) -> None:
         self._positive(dim=self.dim, hidden=self.hidden)
-        if self.activation not in ("gelu", "swiglu"):
-            self._fail(f"activation must be 'gelu' or 'swiglu', got {self.activation!r}")
+        if self.activation not in MLP_ACTIVATIONS:
+            self._fail(f"activation must be one of {list(MLP_ACTIVATIONS)}, got {self.activation!r}")
+
+    @property
+    def gated(self) -> bool:
+        """Whether the MLP has a gate projection (SwiGLU, GeGLU): three matrices instead of two."""
+        return self.activation != "gelu"
 
     @property
     def in_dim(self) -> int:
@@ -201,7 +240,7 @@ class MLP(_Node, frozen=True, kw_only=True, tag="mlp"):
         return self.dim
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        names = ["up", "down"] + (["gate"] if self.activation == "swiglu" else [])
+        names = ["up", "down"] + (["gate"] if self.gated else [])
         shapes: dict[str, tuple[int, ...]] = {}
         for n in names:
             shape = (self.dim, self.hidden) if n == "down" else (self.hidden, self.dim)
@@ -215,16 +254,16 @@ class MLP(_Node, frozen=True, kw_only=True, tag="mlp"):
                 for key in self.param_shapes()}
 
     def forward_flops(self, batch: int, seq: int) -> int:
-        mats = 3 if self.activation == "swiglu" else 2
+        mats = 3 if self.gated else 2
         return 2 * batch * seq * self.dim * self.hidden * mats
 
     def forward_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
-        """The projections, the activation and (SwiGLU) the product, unfused; see ``lf_ir._bytes``."""
+        """The projections, the activation and (gated) the product, unfused; see ``lf_ir._bytes``."""
         _bytes.check_sizes(self, batch, seq, dtype_bytes)
         return _bytes.mlp_forward(self, batch * seq, dtype_bytes)
 
     def saved_bytes(self, batch: int, seq: int, dtype_bytes: int) -> int:
-        """Input plus 2 (GELU) or 4 (SwiGLU) hidden-width tensors; see ``lf_ir._bytes``."""
+        """Input plus 2 (GELU) or 4 (SwiGLU, GeGLU) hidden-width tensors; see ``lf_ir._bytes``."""
         _bytes.check_sizes(self, batch, seq, dtype_bytes)
         return _bytes.mlp_saved(self, batch * seq, dtype_bytes)
 

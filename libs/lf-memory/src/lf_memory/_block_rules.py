@@ -84,15 +84,16 @@ def block_profile(node, batch: int, seq: int, dtype_bytes: int) -> BlockProfile 
 
 
 def _transformer(node: TransformerBlock, batch: int, seq: int, db: int) -> BlockProfile:
-    """q, k, v, o; MLP: T*(d + H) for GELU / quick-GELU, T*(d + 2H) for SwiGLU; one SDPA call."""
+    """q (T*a), k, v, o (T*d); MLP: T*(d + H) for GELU / quick-GELU, T*(d + 2H) for SwiGLU / GeGLU; one SDPA
+    call. ``a = heads * head_dim`` (``d`` unless the attention sets its head width)."""
     att, mlp, tokens = node.attention, node.mlp, batch * seq
-    kv = att.kv_heads * att.head_dim
-    mats = 3 if getattr(mlp, "activation", None) == "swiglu" else 2
-    matmul = tokens * (2 * att.dim + 2 * kv) + tokens * (att.dim + (mats - 1) * mlp.hidden)
+    kv, a = att.kv_heads * att.head_dim, att.heads * att.head_dim
+    mats = 3 if getattr(mlp, "gated", getattr(mlp, "activation", None) == "swiglu") else 2
+    matmul = tokens * (a + att.dim + 2 * kv) + tokens * (att.dim + (mats - 1) * mlp.hidden)
     return BlockProfile(
         inputs=tokens * node.in_dim * db, matmul_outputs=matmul * db,
-        attention_outputs=tokens * att.dim * db, attention_lse=batch * att.heads * seq * LSE_BYTES,
-        attention_flops=4 * batch * seq * seq * att.dim)
+        attention_outputs=tokens * a * db, attention_lse=batch * att.heads * seq * LSE_BYTES,
+        attention_flops=4 * batch * seq * seq * a)
 
 
 def _dit(node: DiTBlock, batch: int, seq: int, db: int) -> BlockProfile:
