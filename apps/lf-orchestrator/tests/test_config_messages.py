@@ -54,9 +54,9 @@ def test_schema_keys_lists_every_key_with_type_default_and_description():
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["model.recipe='x'"], "model.recipe: unknown recipe 'x'; expected one of llama3, qwen2_vl, vla, vla_flow, "
+    (["model.recipe='x'"], "model.recipe: unknown recipe 'x'; expected one of gemma, llama3, qwen2_vl, vla, vla_flow, "
                            "wan_dit, wan_vae"),
-    (["model.recipe='lama3'"], "model.recipe: unknown recipe 'lama3'; expected one of llama3, qwen2_vl, vla, "
+    (["model.recipe='lama3'"], "model.recipe: unknown recipe 'lama3'; expected one of gemma, llama3, qwen2_vl, vla, "
                                "vla_flow, wan_dit, wan_vae; did you mean 'llama3'?"),
     (["model.overrides.mlp_activation='relu'"],
      "model.overrides.mlp_activation: expected one of 'gelu', 'swiglu', got 'relu'"),

@@ -34,15 +34,15 @@ def _mask_kinds(graph) -> set[str]:
 
 
 def test_every_recipe_module_registers_itself():
-    """The six recipe modules each registered one spec, under the name their graph carries, reachable from the
+    """The seven recipe modules each registered one spec, under the name their graph carries, reachable from the
     top package; RECIPES is that registry (read-only)."""
-    assert recipe_names() == ("llama3", "qwen2_vl", "vla", "vla_flow", "wan_dit", "wan_vae")
+    assert recipe_names() == ("gemma", "llama3", "qwen2_vl", "vla", "vla_flow", "wan_dit", "wan_vae")
     assert set(RECIPES) == set(recipe_names()) and lf_ir.RECIPES is RECIPES
     assert RECIPES["llama3"] is llama3.SPEC is recipe_spec("llama3")
     with pytest.raises(TypeError):
         RECIPES["x"] = llama3.SPEC  # type: ignore[index]
     families = {name: spec.family for name, spec in RECIPES.items()}
-    assert families == {"llama3": "llm", "qwen2_vl": "vlm", "vla": "vla", "vla_flow": "vla_flow",
+    assert families == {"gemma": "llm", "llama3": "llm", "qwen2_vl": "vlm", "vla": "vla", "vla_flow": "vla_flow",
                         "wan_dit": "video", "wan_vae": "video_vae"}
 
 
@@ -68,12 +68,15 @@ def test_tiny_graph_and_model_build_on_meta(name):
 def test_facts_the_orchestrator_reads():
     """The parallelism facts lf run's plan checks read (before: lf-orchestrator's CP_RECIPES and its
     ``!= "llama3"`` pipeline test) and the converters `lf convert` offers (before: its CONVERTERS table)."""
-    assert {n for n in RECIPES if RECIPES[n].context_parallel} == {"llama3", "wan_dit"}
-    assert {n for n in RECIPES if RECIPES[n].pipeline} == {"llama3"}
+    assert {n for n in RECIPES if RECIPES[n].context_parallel} == {"gemma", "llama3", "wan_dit"}
+    assert {n for n in RECIPES if RECIPES[n].pipeline} == {"gemma", "llama3", "vla"}
     assert RECIPES["llama3"].train_seq_len == 8192 and RECIPES["llama3"].takes_seq_len
     assert not RECIPES["vla"].takes_seq_len
     converters = {n: (s.import_hf, s.export_hf) for n, s in RECIPES.items() if s.import_hf or s.export_hf}
+    from lf_ir.interop import hf_gemma
+
     assert {n: (i.resolve(), e.resolve()) for n, (i, e) in converters.items()} == {
+        "gemma": (hf_gemma.import_hf_gemma, hf_gemma.export_hf_gemma),
         "llama3": (interop.import_hf_llama, interop.export_hf_llama),
         "qwen2_vl": (interop.import_hf_qwen2_vl, interop.export_hf_qwen2_vl),
         "wan_dit": (interop.import_diffusers_wan, interop.export_diffusers_wan),
@@ -100,11 +103,11 @@ def test_unknown_size_names_the_recipe_and_its_sizes():
 def test_unknown_recipe_lists_the_names_and_the_closest():
     with pytest.raises(ValueError) as err:
         recipe_spec("lama3", where="model.recipe")
-    assert str(err.value) == ("model.recipe: unknown recipe 'lama3'; expected one of llama3, qwen2_vl, vla, "
+    assert str(err.value) == ("model.recipe: unknown recipe 'lama3'; expected one of gemma, llama3, qwen2_vl, vla, "
                               "vla_flow, wan_dit, wan_vae; did you mean 'llama3'?")
     with pytest.raises(ValueError) as err:
         recipe_spec("gpt")
-    assert str(err.value).endswith("expected one of llama3, qwen2_vl, vla, vla_flow, wan_dit, wan_vae")
+    assert str(err.value).endswith("expected one of gemma, llama3, qwen2_vl, vla, vla_flow, wan_dit, wan_vae")
 
 
 def test_register_refuses_a_duplicate_and_adds_a_new_recipe(monkeypatch):
