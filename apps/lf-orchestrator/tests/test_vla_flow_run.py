@@ -129,7 +129,7 @@ def test_vla_flow_config_errors_name_the_key(tiny_config):
     for override, message in cases.items():
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_config(tiny_config, [*FLOW, override])
-    unknown = ("model.recipe: unknown recipe 'vla_fast'; expected one of gemma, llama3, qwen2_vl, vla, vla_flow, wan_dit, "
-               "wan_vae; did you mean 'vla_flow'?")
+    unknown = ("model.recipe: unknown recipe 'vla_fast'; expected one of gemma, llama3, qwen2_vl, vla, vla_flow, "
+               "wan_dit, wan_vae; did you mean 'vla_flow'?")
     with pytest.raises(ConfigError, match=re.escape(unknown)):
         load_config(tiny_config, ["model.recipe='vla_fast'"])
