@@ -63,7 +63,9 @@ def patchify(x_bcfhw: torch.Tensor, patch: tuple[int, int, int]) -> torch.Tensor
     return x.permute(0, 2, 4, 6, 3, 5, 7, 1).reshape(b, (ft // pt) * (hp // ph) * (wp // pw), -1)
 
 
-def _wan_class():
+def wan_flow_loss_class() -> type:
+    """``WanDiTModel``'s subclass whose forward is the flow-matching loss, whole or context-parallel (built on
+    first call: lf-ir's Wan recipe is imported then)."""
     from lf_ir.flow import interpolate, timesteps_from_sigmas, velocity_target
     from lf_ir.recipes.wan_dit import WanDiTModel
 
@@ -82,7 +84,7 @@ def _wan_class():
             if cp is None:  # as WanDiTModel.flow_loss, whose self(...) would call this forward
                 pred = WanDiTModel.forward(self, x_t, t_b, text)
                 return self.components["video"]["loss"](pred, x0, noise, sigma)
-            from lf_ir._rope3d_torch import rope3d_cos_sin
+            from lf_ir import rope3d_cos_sin
 
             grid = self._check(x_t, t_b, text)
             video, cfg = self.components["video"], self.cfg
@@ -106,7 +108,7 @@ def wan_dit_build(size: str) -> nn.Module:
     cfg = wan_dit_config(size, **WAN_SIZES.get(size, {}))
     f, h, w = WAN_LATENT
     tokens = (f // cfg.patch[0]) * (h // cfg.patch[1]) * (w // cfg.patch[2])
-    return _wan_class()(cfg, build_graph(cfg, seq_len=tokens))
+    return wan_flow_loss_class()(cfg, build_graph(cfg, seq_len=tokens))
 
 
 def wan_dit_batch(model: nn.Module, batch: int, seed: int) -> dict:
