@@ -52,11 +52,10 @@ def test_check_clips_tensor_parallel_x_zero3_like_one_process(monkeypatch):
 
 
 def test_plans_the_harness_does_not_run_are_refused_by_name():
-    """Oracle: what the harness runs (lf_parallel._harness: no pipeline schedule, one backward per step, the
+    """Oracle: what the harness runs (lf_parallel.run_checks: no pipeline schedule, one backward per step, the
     job's dtype). A plan with pp > 1, grad_accum > 1 or a mixed precision, as --plan or
     --reshard-to, exits 2 before any process starts, naming the field; the library refuses it too."""
-    from lf_parallel import PlanError
-    from lf_parallel._harness import Job, run_jobs
+    from lf_parallel import CheckJob, PlanError, run_checks
 
     cases = [("pp=2,schedule=gpipe", "pp=2: lf parallel check does not run pipeline schedules"),
              ("pp=2,grad_accum=2", "pp=2: lf parallel check does not run pipeline schedules"),
@@ -69,7 +68,7 @@ def test_plans_the_harness_does_not_run_are_refused_by_name():
             text = " ".join(out.output.split())
             assert f"{args[-2]} {why}" in text and f"parallel.spec='{plan}'" in text, text
     with pytest.raises(PlanError, match="pp=2: lf parallel check does not run pipeline schedules"):
-        run_jobs([Job(recipe="llama3", plan="pp=2,grad_accum=2")], nproc=2)
+        run_checks([CheckJob(recipe="llama3", plan="pp=2,grad_accum=2")], nproc=2)
     helped = " ".join(runner.invoke(app, ["parallel", "check", "--help"]).output.split())
     assert "gradients clipped to --grad-clip" in helped and "pp > 1, grad_accum > 1" in helped, helped
 

@@ -97,7 +97,7 @@ def test_auto_recompute_and_offload_train_identically(tiny_config, tmp_path, mon
     activation bytes of all-full and of no recomputation (lf-memory's planner costs on the CPU rules, what the
     trainer plans with on a CPU device), so the plan mixes; on a CUDA device the trainer plans with
     ``kernels="cuda"`` (the keyword the trainer passes the planner, checked per device)."""
-    from lf_memory._planner import plan_recompute
+    from lf_memory import plan_recompute
     from lf_orchestrator.config import ConfigError
     from lf_orchestrator.trainer import Trainer, make_recompute_plan
     from lf_parallel import init_distributed

@@ -118,8 +118,8 @@ def _check_model(cfg: Config, where: str) -> None:
     if m.recipe in FAMILY_RECIPES:
         return check_family(cfg, where)
     if m.recipe == "vla_flow":
-        from lf_ir.recipes._vla_flow_graph import SIZES, build_graph
-        from lf_ir.recipes._vla_flow_graph import VLAFlowConfig as RecipeConfig
+        from lf_ir import VLAFlowConfig as RecipeConfig
+        from lf_ir.recipes.vla_flow import SIZES, build_graph
 
         if cfg.action_tokenizer != ActionTokenizerSection():
             raise ConfigError(f"{where}: action_tokenizer: does not apply to model.recipe = 'vla_flow' (its actions "

@@ -221,7 +221,7 @@ def _fused_count(cfg, model) -> dict:
     """``{"fused_ops": modules switched}`` with ``model.fused_ops`` (what plan.json records), else ``{}``."""
     if not cfg.model.fused_ops:
         return {}
-    from lf_ir._fused import fused_modules
+    from lf_ir import fused_modules
 
     return {"fused_ops": sum(m.fused for m in fused_modules(model))}
 

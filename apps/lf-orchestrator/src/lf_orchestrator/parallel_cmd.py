@@ -11,7 +11,7 @@ before any process starts).
 The harness is not the recipe trainer: it runs tensor / sequence / context parallel and data parallel with
 ZeRO 0-3 (HSDP) with one backward per step, and refuses by name (exit 2) the plan
 fields it does not run: ``pp > 1``, ``grad_accum > 1`` and mixed ``precision`` (see
-:func:`lf_parallel._harness.harness_unsupported`); train those with ``lf launch ... --device cpu`` and compare
+:func:`lf_parallel.harness_unsupported`); train those with ``lf launch ... --device cpu`` and compare
 with one process.
 """
 
@@ -57,8 +57,15 @@ def check(recipe: Annotated[str, typer.Option(
     (ZeRO 0-3, HSDP), one backward per step, gradients clipped to --grad-clip. Plans with pp > 1, grad_accum > 1 or a
     mixed precision are refused (exit 2): check those with `lf launch ... --device cpu` against one process.
     """
-    from lf_parallel._harness import Job, _build_graph_only, harness_unsupported, resolve_plan, run_jobs
-    from lf_parallel._plan import PlanError, parse_plan
+    from lf_parallel import (
+        CheckJob,
+        PlanError,
+        harness_graph,
+        harness_unsupported,
+        parse_plan,
+        resolve_plan,
+        run_checks,
+    )
 
     if nproc < 2 or steps < 1:
         _fail(f"--nproc must be >= 2 and --steps >= 1, got {nproc} and {steps}")
@@ -66,7 +73,7 @@ def check(recipe: Annotated[str, typer.Option(
         _fail(f"--grad-clip must be >= 0, got {grad_clip}")
     if dtype not in ("float32", "float64"):
         _fail(f"--dtype must be float32 or float64, got {dtype!r}")
-    job = Job(recipe=recipe, size=size, plan=plan, steps=steps, global_batch=global_batch, reshard_to=reshard_to,
+    job = CheckJob(recipe=recipe, size=size, plan=plan, steps=steps, global_batch=global_batch, reshard_to=reshard_to,
               dtype=dtype, grad_clip=grad_clip)
     try:
         texts = [("--plan", plan)] + ([("--reshard-to", reshard_to)] if reshard_to else [])
@@ -74,7 +81,7 @@ def check(recipe: Annotated[str, typer.Option(
             why = harness_unsupported(parse_plan(text), text)
             if why is not None:
                 _fail(f"{option} {why}")
-        graph, _ = _build_graph_only(job)
+        graph, _ = harness_graph(job)
         plans = [resolve_plan(text, world_size=nproc, global_batch=global_batch, graph=graph) for _, text in texts]
     except (PlanError, ValueError) as err:
         _fail(str(err))
@@ -82,7 +89,7 @@ def check(recipe: Annotated[str, typer.Option(
         console.print(f"plan: {p.describe()}", highlight=False)
     if dry_run:
         return
-    (result,) = run_jobs([job], nproc=nproc)
+    (result,) = run_checks([job], nproc=nproc)
     table = Table(title=f"{recipe} {size}: {nproc} processes vs. 1, {steps} AdamW steps")
     for col in ("quantity", "max relative difference"):
         table.add_column(col)

@@ -37,9 +37,14 @@ from torch import nn
 
 from lf_data import LeRobotDataset, ResumableSampler, generate_metaworld
 from lf_ir.recipes.vla_flow import sample_seeds
-from lf_memory import DynamicLossScaler, apply_recompute, resolve_precision
-from lf_memory._offload import offload_activations
-from lf_memory._planner import RecomputePlan, plan_recompute
+from lf_memory import (
+    DynamicLossScaler,
+    RecomputePlan,
+    apply_recompute,
+    offload_activations,
+    plan_recompute,
+    resolve_precision,
+)
 from lf_orchestrator import assembly
 from lf_orchestrator.checkpoint import is_legacy, latest_checkpoint, load_checkpoint
 from lf_orchestrator.config import Config, ConfigError

@@ -42,8 +42,7 @@ def _pipeline_unsupported(plan: Plan, cfg, graph) -> str | None:
 
     from lf_kernels import MaskSpec
     from lf_orchestrator.families._pipeline_step import SIDE
-    from lf_parallel._pipeline import build_stage_module
-    from lf_parallel._stages import split_stages
+    from lf_parallel import build_stage_module, split_stages
 
     if cfg.model.recipe != "llama3":
         return (f"pp > 1 is wired into the recipe trainer for the llm family (model.recipe = 'llama3') only, "
