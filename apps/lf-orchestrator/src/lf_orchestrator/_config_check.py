@@ -111,7 +111,6 @@ def _check_model(cfg: Config, where: str) -> None:
     """Build the recipe config (no torch) so bad sizes and overrides fail before any work."""
     import msgspec as _msgspec
 
-    from lf_orchestrator.config import ActionTokenizerSection
     from lf_orchestrator.families import FAMILY_RECIPES, check_family
 
     m = cfg.model
@@ -120,10 +119,6 @@ def _check_model(cfg: Config, where: str) -> None:
     if m.recipe == "vla_flow":
         from lf_ir import VLAFlowConfig as RecipeConfig
         from lf_ir.recipes.vla_flow import SIZES, build_graph
-
-        if cfg.action_tokenizer != ActionTokenizerSection():
-            raise ConfigError(f"{where}: action_tokenizer: does not apply to model.recipe = 'vla_flow' (its actions "
-                              f"are continuous, normalized by the dataset mean/std); remove the section")
     else:
         from lf_ir.recipes.vla import SIZES, build_graph
         from lf_ir.recipes.vla import VLAConfig as RecipeConfig

@@ -10,6 +10,7 @@ second.
 from __future__ import annotations
 
 import tomllib
+import typing
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -18,7 +19,8 @@ import msgspec
 
 from lf_orchestrator._config_check import check_config
 from lf_orchestrator._config_errors import ConfigError, explain, fit_warmup, struct_at, unknown_key
-from lf_orchestrator.families.sections import CorpusSection, VAESection, VideoSection, VLMSection
+from lf_orchestrator._config_unread import check_unread, recipe_family
+from lf_orchestrator.families.sections import CorpusSection, VAESection, VideoSection, VLMSection, family_reads
 
 ALL_TASKS = "*"
 """``data.tasks = ["*"]``: every task of a LeRobot dataset."""
@@ -249,6 +251,9 @@ class Config(_Section):
     vae: VAESection = VAESection()
 
 
+RECIPES: tuple[str, ...] = typing.get_args(typing.get_type_hints(ModelSection)["recipe"])
+"""Every ``model.recipe`` name."""
+
 DEFAULT_NAME = "metaworld_vla.toml"
 
 
@@ -309,6 +314,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         cfg = msgspec.convert(tree, Config)
     except msgspec.ValidationError as err:
         raise explain(err, where, Config, tree) from None
+    check_unread(tree, cfg.model.recipe, list(RECIPES), where)
     return check_config(fit_warmup(cfg, where), where, check_paths=check_paths)
 
 
@@ -350,8 +356,13 @@ def check_override_keys(overrides: list[str] | None, allowed: tuple[str, ...], c
 
 
 def to_toml(cfg: Config) -> str:
-    """The resolved config as TOML text (what the run folder stores)."""
-    return msgspec.toml.encode(cfg).decode()
+    """The resolved config as TOML text (what the run folder stores): the sections and keys the recipe's family
+    reads (``families.sections.FAMILY_READS``), every one of them with its value, so the text loads again (a key
+    the family does not read is an error, ``lf_orchestrator._config_unread``)."""
+    reads = family_reads(recipe_family(cfg.model.recipe))
+    tree = {section: {k: v for k, v in table.items() if reads[section] is None or k in reads[section]}
+            for section, table in msgspec.to_builtins(cfg).items() if section in reads}
+    return msgspec.toml.encode(tree).decode()
 
 
 def json_schema() -> dict[str, Any]:
