@@ -2,7 +2,8 @@
 
 Kept out of ``config.py`` so that file only names them; like every section they
 are frozen, keyword-only msgspec structs that reject unknown keys, and this
-module imports no torch.
+module imports no torch. :data:`FAMILY_READS` says which sections and keys each
+family reads (a key it does not read is a config error).
 """
 
 from __future__ import annotations
