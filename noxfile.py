@@ -1,6 +1,6 @@
 """Per-library sessions: each installs only that library and its declared LoongForge deps.
 
-    nox -s lint tests                      # what CI runs (README quick-start 2)
+    nox -s lint tests bench                # what CI runs (README quick-start 2)
     nox -s "tests(lib='lf-ir')"            # one library alone, in a fresh virtualenv
     nox -s "build(lib='lf-ir')"            # its wheel, into dist/
     nox -s demo                            # the default `lf run`
@@ -20,7 +20,7 @@ import sys
 
 import nox
 
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "tests", "bench"]
 # uv (`pip install uv`; scripts/test.sh does) creates the virtualenvs and installs from its cache: torch is unpacked
 # once per machine, not once per session. Without uv, the standard library's venv and pip.
 nox.options.default_venv_backend = "uv|venv"
@@ -48,7 +48,7 @@ TEST_DEPS = ["pytest>=8", "hypothesis>=6", "pytest-xdist>=3.5"]
 # workers (lf-kernels 121 s -> 182 s, lf-ir 34 s -> 61 s: each worker imports torch, transformers, diffusers and
 # compiles its own flex-attention kernels). Each worker runs one test file at a time (--dist loadfile), so a
 # module's fixtures (a gloo world's run) are built once.
-WORKERS: dict[str, int] = {"lf-parallel": 2, "lf-orchestrator": 2}
+WORKERS: dict[str, int] = {"lf-parallel": 2, "lf-orchestrator": 2, "bench": 2}
 
 # pip's settings that choose where packages come from, and uv's flag for each. uv does not read pip's
 # configuration, and the machines point pip at a local folder holding the CPU build of torch: uv must look in the
@@ -99,24 +99,48 @@ def tests(session: nox.Session, lib: str) -> None:
     """
     try:
         folder = _install(session, lib)
-        session.env.setdefault("MUJOCO_GL", "osmesa")
-        workers = WORKERS.get(lib, 0)
-        # One thread per worker when two share the cores (tests that need more set it themselves).
-        if workers and "OMP_NUM_THREADS" not in os.environ:
-            session.env["OMP_NUM_THREADS"] = "1"
-        parallel = ["-n", str(workers), "--dist", "loadfile"] if workers else []
-        session.run("python", "-m", "pytest", f"{folder}/tests", "-q", "-rs", "-p", "no:cacheprovider",
-                    "--durations=25", *parallel, *session.posargs)
+        _pytest(session, f"{folder}/tests", WORKERS.get(lib, 0))
+    finally:
+        shutil.rmtree(session.virtualenv.location, ignore_errors=True)
+
+
+def _pytest(session: nox.Session, folder: str, workers: int) -> None:
+    session.env.setdefault("MUJOCO_GL", "osmesa")
+    # One thread per worker when two share the cores (tests that need more set it themselves).
+    if workers and "OMP_NUM_THREADS" not in os.environ:
+        session.env["OMP_NUM_THREADS"] = "1"
+    parallel = ["-n", str(workers), "--dist", "loadfile"] if workers else []
+    session.run("python", "-m", "pytest", folder, "-q", "-rs", "-p", "no:cacheprovider",
+                "--durations=25", *parallel, *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The benchmarks' CPU dry runs (bench/tests), so the GPU scripts cannot rot: every library installed, as the
+    benchmarks import several, and the peers they compare with (transformers). They live beside bench/, not in a
+    library's tests, so each library's tests need nothing outside the library."""
+    try:
+        libs = [LIBS[lib][0] + LIBS[lib][1] for lib in LIBS if lib != "lf-orchestrator"]
+        # transformers: the peer models (bench/qwen2_vl_peer.py is written against and tested with 5.24).
+        _pip_install(session, TORCH, *libs, "transformers>=5.24,<6", *TEST_DEPS)
+        _pytest(session, "bench/tests", WORKERS["bench"])
     finally:
         shutil.rmtree(session.virtualenv.location, ignore_errors=True)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over every library, app and the benchmarks."""
-    _pip_install(session, "ruff>=0.6")
-    session.run("ruff", "check", "libs", "apps", "bench", "noxfile.py")
+    """ruff over every library, app and the benchmarks; the import contracts (``.importlinter``: the layers of
+    DESIGN.md, and private modules imported only from inside their package) and the same rule for the tests and
+    bench/ (scripts/check_private_imports.py, which lint-imports cannot see)."""
+    _pip_install(session, "ruff>=0.6", "import-linter>=2.17", "pytest>=8")  # 2.17: the private_modules contract
+    session.run("ruff", "check", "libs", "apps", "bench", "scripts", "noxfile.py")
     session.run("python", "bench/report.py", "--check")
+    # lint-imports parses the sources (grimp) and imports none of them: the src folders on the path, no install.
+    session.env["PYTHONPATH"] = os.pathsep.join(f"{folder}/src" for folder, _, _ in LIBS.values())
+    session.run("lint-imports", "--no-cache")
+    session.run("python", "scripts/check_private_imports.py")
+    session.run("python", "-m", "pytest", "scripts/tests", "-q", "-p", "no:cacheprovider")
 
 
 @nox.session

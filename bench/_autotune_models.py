@@ -52,7 +52,7 @@ def llama3(layers: int | None, seq: int | None, dry: bool) -> Workload:
     from lf_ir import Llama3Model, llama3_config
     from lf_ir.recipes import llama3 as recipe
     from lf_ir.recipes.llama3 import next_token_loss
-    from lf_parallel._harness_recipes import _llama_cp_loss
+    from lf_parallel import llama_cp_loss
 
     seq = seq or (64 if dry else 8192)
     cfg = llama3_config("tiny", vocab_size=512, max_seq_len=seq) if dry else llama3_config("8B", layers=layers or 8)
@@ -64,7 +64,7 @@ def llama3(layers: int | None, seq: int | None, dry: bool) -> Workload:
 
     return Workload(name=f"llama3-{'tiny' if dry else '8B'} {cfg.layers} layers, seq {seq}", graph=graph, seq=seq,
                     build=lambda: Llama3Model(cfg, graph), batch=batch,
-                    loss=lambda model, b: next_token_loss(model(b["ids"]), b["ids"]), cp_loss=_llama_cp_loss)
+                    loss=lambda model, b: next_token_loss(model(b["ids"]), b["ids"]), cp_loss=llama_cp_loss)
 
 
 def qwen2_vl(layers: int | None, seq: int | None, dry: bool) -> Workload:
@@ -103,7 +103,7 @@ def qwen2_vl(layers: int | None, seq: int | None, dry: bool) -> Workload:
 
 def wan_dit(layers: int | None, seq: int | None, dry: bool) -> Workload:
     from lf_ir.recipes.wan_dit import build_graph, video_tokens, wan_dit_config
-    from lf_parallel._harness_mm import _wan_class
+    from lf_parallel import wan_flow_loss_class
 
     if seq is not None:
         raise SystemExit("--seq: wan_dit's tokens follow from the video size (81 x 480 x 832)")
@@ -128,7 +128,7 @@ def wan_dit(layers: int | None, seq: int | None, dry: bool) -> Workload:
 
     name = f"wan_dit-{'tiny' if dry else '1.3B'} {cfg.layers} layers, {tokens} tokens" + (
         "" if dry else " (81x480x832)")
-    return Workload(name=name, graph=graph, seq=tokens, build=lambda: _wan_class()(cfg, graph), batch=batch,
+    return Workload(name=name, graph=graph, seq=tokens, build=lambda: wan_flow_loss_class()(cfg, graph), batch=batch,
                     loss=lambda model, b: model(b["x0"], b["text"], b["noise"], b["sigma"]),
                     cp_loss=lambda model, b, cp: model(b["x0"], b["text"], b["noise"], b["sigma"], cp))
 

@@ -44,13 +44,19 @@ import torch.distributed as dist
 
 from lf_ir import materialize
 from lf_memory import apply_recompute
-from lf_parallel import build_mesh, build_optimizer, parallelize
-from lf_parallel._calibrate import calibrate, default_calibration
-from lf_parallel._calibrate_comm import measure_collectives
-from lf_parallel._cluster import detect_cluster, make_cluster
-from lf_parallel._context import context_parallel_of
-from lf_parallel._cost_model import step_cost
-from lf_parallel._search import search_plans
+from lf_parallel import (
+    build_mesh,
+    build_optimizer,
+    calibrate,
+    context_parallel_of,
+    default_calibration,
+    detect_cluster,
+    make_cluster,
+    measure_collectives,
+    parallelize,
+    search_plans,
+    step_cost,
+)
 
 GIB = 1024 ** 3
 HERE = Path(__file__).resolve().parent

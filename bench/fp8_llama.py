@@ -36,9 +36,7 @@ import torch
 
 from lf_ir import Llama3Model, llama3_config, materialize, next_token_loss
 from lf_ir.recipes.llama3 import build_graph
-from lf_memory._fp8 import apply_fp8, fp8_filter
-from lf_memory._planner import plan_recompute
-from lf_memory._recompute_modes import apply_recompute
+from lf_memory import apply_fp8, apply_recompute, fp8_filter, plan_recompute
 
 
 def _model(cfg, device, dtype):

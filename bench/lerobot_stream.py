@@ -101,7 +101,7 @@ def _lerobot_import():
 def _build(reader: str, root: Path, horizon: int):
     info = json.loads((root / "meta/info.json").read_text())
     if reader == "lf":
-        from lf_data._lerobot_stream import LeRobotStream
+        from lf_data import LeRobotStream
 
         return LeRobotStream(root, image_key="observation.image", action_horizon=horizon), info
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

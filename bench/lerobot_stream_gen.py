@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from lf_data import _lerobot_format as fmt
+from lf_data import lerobot as fmt
 
 STATE_DIM, ACTION_DIM, POOL = 8, 7, 16
 TASKS = ["pick up the cube", "open the drawer", "push the button", "stack the blocks"]

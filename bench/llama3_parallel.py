@@ -162,7 +162,7 @@ def _spmd(plan, args, cfg, device, ids):
         model = Llama3Model(cfg, graph)
     model = materialize(model, device, seed=0)
     if args.fp8:
-        from lf_memory._fp8 import apply_fp8, fp8_filter
+        from lf_memory import apply_fp8, fp8_filter
 
         apply_fp8(model, args.fp8, module_filter=fp8_filter(min_features=1024, tokens=plan.micro_batch * args.seq))
     mesh = build_mesh(plan, device.type)

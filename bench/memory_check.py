@@ -46,8 +46,7 @@ import torch
 
 from lf_ir import Llama3Model, llama3_config, materialize, next_token_loss
 from lf_ir.recipes import llama3, qwen2_vl, wan_dit
-from lf_memory import PrecisionPolicy, apply_recompute, estimate_memory
-from lf_memory._planner import plan_recompute
+from lf_memory import PrecisionPolicy, apply_recompute, estimate_memory, plan_recompute
 from lf_parallel import check_plan, make_cluster, parse_plan, step_cost
 
 GIB = 2 ** 30

@@ -50,11 +50,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from lf_ir import materialize
-from lf_ir._mm_positions import mrope_position_ids
-from lf_ir._mrope import MRoPE
-from lf_ir._mrope_torch import mrope_cos_sin
-from lf_ir._table import graph_cost
+from lf_ir import MRoPE, graph_cost, materialize, mrope_cos_sin, mrope_position_ids
 from lf_ir.interop.hf_qwen2_vl import hf_config_from_qwen2_vl, lf_to_hf_state
 from lf_ir.recipes.qwen2_vl import Qwen2VLModel, build_graph, qwen2_vl_config
 from lf_memory import apply_recompute

@@ -42,8 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lf_ir import materialize
-from lf_ir._table import graph_cost
+from lf_ir import graph_cost, materialize
 from lf_ir.recipes import vla, vla_flow
 from lf_ir.recipes.vla import VLAModel, vla_config
 from lf_ir.recipes.vla_flow import VLAFlowModel, vla_flow_config

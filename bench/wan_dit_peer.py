@@ -41,8 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from lf_ir import materialize, use_fused_ops
-from lf_ir._table import graph_cost
+from lf_ir import graph_cost, materialize, use_fused_ops
 from lf_ir.interop.diffusers_wan import diffusers_config_from_wan
 from lf_ir.recipes import wan_dit
 from lf_memory import PrecisionPolicy, apply_recompute

@@ -17,4 +17,4 @@ python3 -m pip install -q "nox>=2024.4"
 # without it the sessions fall back to venv and pip, slower but the same packages (noxfile.py).
 python3 -m pip install -q "uv>=0.5" || echo "warning: uv did not install; the sessions use venv and pip" >&2
 export MUJOCO_GL="${MUJOCO_GL:-osmesa}"
-exec python3 -m nox -s lint tests "$@"
+exec python3 -m nox -s lint tests bench "$@"

@@ -27,9 +27,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from lf_data import LeRobotDataset
-from lf_orchestrator.families.vla import assembly
 from lf_orchestrator.checkpoint import MARKER, PREFIX, latest_checkpoint, load_weights
 from lf_orchestrator.config import load_config
+from lf_orchestrator.families.vla import assembly
 
 SKIP = {".lock", "checkpoints"}
 

@@ -44,10 +44,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from lf_kernels._attention import attention
-from lf_kernels._dispatch import choose_backend
-from lf_kernels._keep import kept_entries
-from lf_kernels._mask import MaskSpec
+from lf_kernels import MaskSpec, attention, choose_backend, kept_entries
 
 
 def _time_steps(step, warmup: int, iters: int, device: str) -> float:
@@ -85,7 +82,7 @@ def _flex_on(mask: MaskSpec, seq: int, device: str):
     """FlexAttention compiled, with a plain mask_mod of the same rule, block mask built once."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from lf_kernels._mask import mask_predicate
+    from lf_kernels import mask_predicate
 
     def mask_mod(b, h, q_idx, kv_idx):
         return mask_predicate(mask, q_idx, kv_idx)
@@ -221,7 +218,7 @@ def main() -> None:
         seq = grid[0] * grid[1] * grid[2]
         contenders = {"dispatcher": ours(mask)}
         if key == "b":
-            from lf_kernels._split_attention import attention_split
+            from lf_kernels import attention_split
 
             contenders["ours_split"] = lambda q, k, v, f=mask.frame_tokens: attention_split(q, k, v, f)[0]
         if key == "c":

@@ -32,9 +32,7 @@ import platform
 import torch
 from attention import _fwd_bwd, _sdpa_with, _time_steps
 
-from lf_kernels._attention import attention
-from lf_kernels._dispatch import choose_backend
-from lf_kernels._mask import MaskSpec
+from lf_kernels import MaskSpec, attention, choose_backend
 
 
 def document_ids(seq: int, mean_len: float, seed: int) -> torch.Tensor:

@@ -72,8 +72,7 @@ def test_enum_errors_name_key_value_and_choices(overrides, message):
 def test_plan_string_enum_errors_list_choices_everywhere():
     """Oracle: lf_parallel.Plan's Literal values. ``lf memory --plan`` parses the string without a config; msgspec's
     'Invalid enum value' reached the user without the accepted values."""
-    from lf_parallel import PlanError
-    from lf_parallel._plan import PPSchedule, parse_plan
+    from lf_parallel import PlanError, PPSchedule, parse_plan
 
     with pytest.raises(PlanError) as info:
         parse_plan("pp=2,schedule=fast")

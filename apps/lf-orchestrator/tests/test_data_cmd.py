@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 pytest.importorskip("av")
 
-from lf_data._lerobot_video_writer import write_lerobot_video  # noqa: E402
+from lf_data import write_lerobot_video  # noqa: E402
 from lf_orchestrator.cli import app  # noqa: E402
 
 runner = CliRunner()

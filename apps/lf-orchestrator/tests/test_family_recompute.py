@@ -21,8 +21,7 @@ from typer.testing import CliRunner
 from lf_memory import estimate_memory, plan_recompute
 from lf_orchestrator.cli import app
 from lf_orchestrator.train import Trainer
-from lf_parallel import init_distributed
-from lf_parallel._stages import trunk_component
+from lf_parallel import init_distributed, trunk_component
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 STEPS = 4

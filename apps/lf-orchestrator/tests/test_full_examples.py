@@ -185,10 +185,10 @@ def test_recipe_runs_store_absolute_paths(tmp_path, monkeypatch):
     from lf_orchestrator.run_folder import absolute_paths
 
     monkeypatch.chdir(tmp_path)
-    cfg = load_config(ROOT / "examples" / "wan_t2v.toml", ["data.path='data/mw'", "video.vae_weights='runs/vae'",
-                                                             "corpus.cache_dir='.cache/corpus'"])
+    cfg = load_config(ROOT / "examples" / "wan_t2v.toml", ["data.path='data/mw'", "video.vae_weights='runs/vae'"])
     out = absolute_paths(cfg)
     assert out.data.path == str(tmp_path / "data" / "mw")
     assert out.video.vae_weights == str(tmp_path / "runs" / "vae")
-    assert out.corpus.cache_dir == str(tmp_path / ".cache" / "corpus")
+    llm = load_config(ROOT / "examples" / "llama3_pretrain.toml", ["corpus.cache_dir='.cache/corpus'"])
+    assert absolute_paths(llm).corpus.cache_dir == str(tmp_path / ".cache" / "corpus")
     assert absolute_paths(load_config(ROOT / "examples" / "wan_t2v.toml")).video.vae_weights == ""

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lf_ir._fused import fused_modules
+from lf_ir import fused_modules
 from lf_orchestrator.config import load_config
 from lf_orchestrator.families.recipes import build_model, recipe_config
 

@@ -79,8 +79,7 @@ def test_convert_errors_name_the_folder(tmp_path):
 
 def test_ir_show_json_totals_components_and_batch():
     """Oracle: the IR's own graph functions and graph_cost on the same graph."""
-    from lf_ir._graph import backward_flops, forward_flops
-    from lf_ir._table import graph_cost
+    from lf_ir import backward_flops, forward_flops, graph_cost
     from lf_ir.recipes.llama3 import build_graph, llama3_config
 
     out = runner.invoke(app, ["ir", "show", "--recipe", "llama3", "--size", "tiny", "--seq", "32",

@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from lf_ir.recipes import llama3
-from lf_memory._estimate import estimate_memory
+from lf_memory import estimate_memory
 from lf_orchestrator.cli import app
-from lf_parallel._plan import parse_plan
+from lf_parallel import parse_plan
 
 runner = CliRunner()
 GIB = 1024 ** 3

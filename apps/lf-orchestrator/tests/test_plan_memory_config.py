@@ -103,9 +103,9 @@ def test_ranking_uses_unrounded_step_time():
 def test_memory_uses_the_config_plan_and_batch():
     """Oracle: examples/full/llama3_8b.toml's parallel.spec = "dp=2,zero=3" and train.global_batch = 2
     (micro-batch 1), estimated by estimate_memory on the same graph. Before: dp=1, global batch 1."""
-    from lf_memory._estimate import estimate_memory
+    from lf_memory import estimate_memory
     from lf_orchestrator.plan_cmd import resolve_model
-    from lf_parallel._plan import parse_plan
+    from lf_parallel import parse_plan
 
     path = EXAMPLES / "full" / "llama3_8b.toml"
     d = _json(["memory", str(path), "--gpu", "h200", "--json"])
@@ -136,8 +136,8 @@ def test_memory_uses_config_recompute(tmp_path):
     """Oracle: estimate_memory with the config's memory.recompute = "full" on the same graph and the plan the
     command reports (its ZeRO stage decides whether the norms read a bf16 or float32 residual stream)."""
     from lf_ir.recipes import llama3
-    from lf_memory._estimate import estimate_memory
-    from lf_parallel._plan import parse_plan
+    from lf_memory import estimate_memory
+    from lf_parallel import parse_plan
 
     path = _config(tmp_path, LLAMA_TINY + '[memory]\nrecompute = "full"\n')
     d = _json(["memory", str(path), "--json"])

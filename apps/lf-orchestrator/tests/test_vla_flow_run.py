@@ -122,7 +122,8 @@ def test_vla_flow_resume_and_recompute_are_exact(tiny_config, tmp_path):
 
 
 def test_vla_flow_config_errors_name_the_key(tiny_config):
-    cases = {"action_tokenizer.n_bins=128": "action_tokenizer: does not apply to model.recipe = 'vla_flow'",
+    cases = {"action_tokenizer.n_bins=128": "action_tokenizer.n_bins: model.recipe = 'vla_flow' (family vla_flow) "
+                                            "does not read [action_tokenizer] (its actions are continuous",
              "model.overrides.n_action_bins=64": "model.overrides: unknown field 'n_action_bins' for recipe 'vla_flow'",
              "model.size='huge'": "model.size: unknown vla_flow size 'huge'; expected one of ['3B', 'small', 'tiny']",
              "model.overrides.sample_steps=0": "model: vla_flow: sample_steps must be >= 1, got 0"}

@@ -88,7 +88,7 @@ def qwen_block_cases() -> list[tuple[str, torch.nn.Module, tuple, dict, int, boo
 
     The ViT block sees one image (one segment: the path the IR's ``MMAttention`` rule models).
     """
-    from lf_ir._mrope_torch import mrope_cos_sin, vision_rope_cos_sin
+    from lf_ir import mrope_cos_sin, vision_rope_cos_sin
     from lf_ir.recipes.qwen2_vl import Qwen2VLModel, qwen2_vl_config
 
     with torch.device("meta"):

@@ -106,3 +106,23 @@ def test_every_k_choice_and_errors():
     with pytest.raises(ValueError, match=r"blocks\[0\] \(Linear\) already has"):
         apply_recompute(blocks, "selective")
     assert apply_recompute(blocks, "none") == []
+
+
+@pytest.mark.parametrize(("backend", "calls"), [(None, 1), ("function", 1), ("composable", 2)])
+def test_apply_recompute_backend_choice(backend, calls):
+    """Oracle: lf_memory._recompute's module docstring: the "function" backend (the default) runs a checkpointed
+    block's forward pre-hooks once per step, the "composable" one again when it recomputes (twice)."""
+    model = tiny_llama()
+    count = [0]
+    model.blocks[0].register_forward_pre_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+    apply_recompute(model.blocks, "full", backend=backend)
+    _llama_step(model)
+    assert count[0] == calls
+
+
+def test_apply_recompute_refuses_an_unknown_backend():
+    """A backend lf-memory does not have is refused by name, nothing checkpointed."""
+    blocks = nn.ModuleList([nn.Linear(2, 2)])
+    with pytest.raises(ValueError, match="backend: expected 'function' or 'composable', got 'fsdp'"):
+        apply_recompute(blocks, "full", backend="fsdp")
+    assert apply_recompute(blocks, "full") == [0]

@@ -93,7 +93,7 @@ def test_recompute_bytes_and_exact_numbers(recipe, mode):
 def test_block_types_without_selective_rule_plan_none_or_full():
     """Oracle: the contract; a block type that opts in with ``is_block`` only gets "none" / "full", and the
     selective options of it raise naming the node."""
-    from lf_ir._nodes import MLP
+    from lf_ir import MLP
     from lf_memory._saved_bytes import block_options, block_saved_terms
 
     class PlainBlock(MLP, frozen=True, kw_only=True, tag="test_plain_block"):

@@ -37,7 +37,6 @@ from _pp_cp_world import run_world
 from torch.distributed.tensor import DTensor
 
 from lf_memory import apply_recompute
-from lf_memory._recompute_modes import _apply_mode
 from lf_parallel._harness import Job, _build, _full, _local_batch, _rel, _step, reference, resolve_plan
 from lf_parallel._mesh import build_mesh
 from lf_parallel._parallelize import parallelize
@@ -77,8 +76,8 @@ def _train(case: Case, world: int) -> dict:
     if case.backend == "default":
         model = parallelize(model, mesh, plan, recompute=lambda m: apply_recompute(m.blocks, case.recompute))
     else:
-        model = parallelize(model, mesh, plan, recompute=lambda m: _apply_mode(m.blocks, case.recompute, 2,
-                                                                                case.backend))
+        model = parallelize(model, mesh, plan, recompute=lambda m: apply_recompute(m.blocks, case.recompute,
+                                                                                    backend=case.backend))
     impl = {"loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[case.optim]
     opt = build_optimizer(model, mesh, plan, lr=JOB.lr, eps=JOB.eps, **impl)
     groups = [_kind(g) for g in opt.param_groups]

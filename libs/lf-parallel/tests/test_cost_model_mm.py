@@ -1,7 +1,8 @@
 """The cost model's multimodal terms (``lf_parallel._mm_cost``) against the committed Qwen2-VL-7B measurement.
 
 Oracle: ``bench/results/qwen2_vl_peer_h200x2.json`` (lf's Qwen2-VL-7B under ``zero=3,dp=2`` on 2 H200, one
-packed row per rank, measured step medians). The prediction for the slowest rank's row (its tokens, samples,
+packed row per rank, measured step medians; the numbers used are copied into :data:`MEASURED`, so lf-parallel's
+tests need no file outside the library). The prediction for the slowest rank's row (its tokens, samples,
 images and patches as written in the file) must stay within 6% of the measured step with every block
 recomputed (``lf full``) and with the ViT's blocks only (``lf vision``); without the segment overhead the
 model is about 30% fast, so breaking the term fails the test. Also: a text-only graph is unchanged by the
@@ -9,9 +10,6 @@ multimodal arguments (no per-image component), and packed images divide the ViT'
 """
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -25,15 +23,20 @@ from lf_parallel._cluster import make_cluster
 from lf_parallel._cost_model import step_cost
 from lf_parallel._mm_cost import packed_components, per_image_components
 
-RESULT = Path(__file__).resolve().parents[3] / "bench" / "results" / "qwen2_vl_peer_h200x2.json"
+MEASURED = {
+    "plan": "zero=3,dp=2", "world_size": 2,
+    "row": {"tokens": 8192, "images": 13, "samples": 13, "image_tokens": 3680},
+    "runs": {"lf full": {"step_s_median": 1.579455831499999}, "lf vision": {"step_s_median": 1.2163688369999974}},
+}
+"""From ``bench/results/qwen2_vl_peer_h200x2.json`` (measured at commit 3d50fd6): the plan, the slowest rank's
+packed row (the one with the most tokens: ``max(per_rank_batch, key=tokens)``) and the step medians."""
 RUNS = {"lf full": "full", "lf vision": {"vision": "full"}}
 """Measured run -> the recompute it used (every block / the ViT's blocks only)."""
 
 
 @pytest.fixture(scope="module")
 def measured():
-    data = json.loads(RESULT.read_text())
-    row = max(data["per_rank_batch"], key=lambda r: r["tokens"])  # the slowest rank: most tokens and images
+    data, row = MEASURED, MEASURED["row"]  # the slowest rank: most tokens and images
     merge = qwen2_vl_config("7B").spatial_merge_size ** 2
     graph = build_graph(qwen2_vl_config("7B"), seq_len=row["tokens"], image_patches=row["image_tokens"] * merge)
     return data, row, graph

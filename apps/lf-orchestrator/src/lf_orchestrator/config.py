@@ -19,7 +19,8 @@ import msgspec
 
 from lf_orchestrator._config_check import check_config
 from lf_orchestrator._config_errors import ConfigError, explain, fit_warmup, struct_at, unknown_key
-from lf_orchestrator.families.sections import CorpusSection, VAESection, VideoSection, VLMSection
+from lf_orchestrator._config_unread import check_unread, recipe_family
+from lf_orchestrator.families.sections import CorpusSection, VAESection, VideoSection, VLMSection, family_reads
 
 ALL_TASKS = "*"
 """``data.tasks = ["*"]``: every task of a LeRobot dataset."""
@@ -321,6 +322,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         cfg = msgspec.convert(tree, Config)
     except msgspec.ValidationError as err:
         raise explain(err, where, Config, tree) from None
+    check_unread(tree, cfg.model.recipe, where)
     return check_config(fit_warmup(cfg, where), where, check_paths=check_paths)
 
 
@@ -362,8 +364,13 @@ def check_override_keys(overrides: list[str] | None, allowed: tuple[str, ...], c
 
 
 def to_toml(cfg: Config) -> str:
-    """The resolved config as TOML text (what the run folder stores)."""
-    return msgspec.toml.encode(cfg).decode()
+    """The resolved config as TOML text (what the run folder stores): the sections and keys the recipe's family
+    reads (``families.sections.FAMILY_READS``), every one of them with its value, so the text loads again (a key
+    the family does not read is an error, ``lf_orchestrator._config_unread``)."""
+    reads = family_reads(recipe_family(cfg.model.recipe))
+    tree = {section: {k: v for k, v in table.items() if reads[section] is None or k in reads[section]}
+            for section, table in msgspec.to_builtins(cfg).items() if section in reads}
+    return msgspec.toml.encode(tree).decode()
 
 
 def json_schema() -> dict[str, Any]:

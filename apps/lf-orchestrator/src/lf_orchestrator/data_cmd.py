@@ -72,7 +72,7 @@ def data_inspect(path: Annotated[Path, typer.Argument(help="Dataset folder (LeRo
     """Report format, episodes, frames, features, statistics, problems and notes; exit 1 if problems were found.
 
     Notes (e.g. failed generator episodes) are printed but do not fail the command."""
-    from lf_data._inspect import inspect_dataset
+    from lf_data import inspect_dataset
 
     try:
         report = inspect_dataset(path, tolerance_s=tolerance_s)
@@ -117,7 +117,7 @@ def data_convert(src: Annotated[Path, typer.Argument(help="Source dataset (RLDS,
                  fps: Annotated[int, typer.Option(
                      help="Frame rate for sources that store none (RLDS, RLBench).")] = 10):
     """Convert a robot dataset to LeRobot v3.0."""
-    from lf_data._inspect import convert_dataset
+    from lf_data import convert_dataset
 
     try:
         result = convert_dataset(src, dst, to=to, on_error=on_error, fps=fps)

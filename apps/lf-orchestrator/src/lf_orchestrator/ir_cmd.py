@@ -62,8 +62,7 @@ def build_recipe_graph(recipe: str, size: str, seq: Optional[int]):
     Raises:
         ValueError: unknown recipe or size, or ``seq`` for a recipe whose length is fixed.
     """
-    from lf_ir import IRError
-    from lf_ir._cost import node_forward_flops
+    from lf_ir import IRError, node_forward_flops
 
     spec = _recipe_spec(recipe)
     cfg = spec.config(spec.size_name(size, where="--size"))
@@ -93,8 +92,7 @@ def show(recipe: Annotated[str, typer.Option(help="Recipe name (any registered i
     """Parameter count, FLOPs per token and per sample (fwd, fwd+bwd), and the per-component table."""
     import msgspec
 
-    from lf_ir import to_json
-    from lf_ir._table import cost_table, graph_cost
+    from lf_ir import cost_table, graph_cost, to_json
 
     if batch <= 0 or dtype_bytes <= 0:
         _fail(f"--batch and --dtype-bytes must be positive, got {batch} and {dtype_bytes}")

@@ -56,8 +56,7 @@ def _plan(cfg, graph, spec: Optional[str], gpus: Optional[int], gpu: str, gpus_p
           tokens: int, precision: str):
     """(checked plan, global batch, cluster) of the command line and run config (see the module docstring)."""
     from lf_orchestrator.families._plan import auto_plan, manual_plan, spec_plan
-    from lf_parallel import check_plan
-    from lf_parallel._plan import PlanError, parse_plan
+    from lf_parallel import PlanError, check_plan, parse_plan
 
     if spec is not None:
         plan = spec_plan(spec, cfg, precision=precision) if cfg else parse_plan(spec, precision=precision)
@@ -95,7 +94,7 @@ def _auto_estimate(cfg, graph, plan, tokens: int, precision: str):
         ValueError: no run config or ``memory.budget_gib`` <= 0 (names the field); ConfigError: the budget
             leaves no room (from the planner).
     """
-    from lf_memory._estimate import estimate_memory
+    from lf_memory import estimate_memory
     from lf_orchestrator.families._recompute import plan_family_recompute
 
     if cfg is None or cfg.memory.budget_gib <= 0:
@@ -124,10 +123,9 @@ def memory_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt
                as_json: JsonOpt = False, overrides: SetOpt = None):
     """Peak memory per GPU of one plan, by kind, and whether it fits the GPU (a run CONFIG's own plan,
     batch and recompute unless --plan / --recompute say otherwise; --set overrides its values, as for lf run)."""
-    from lf_memory._estimate import estimate_memory
+    from lf_memory import estimate_memory
     from lf_orchestrator.config import ConfigError
-    from lf_parallel._cluster import ClusterError
-    from lf_parallel._plan import PlanError
+    from lf_parallel import ClusterError, PlanError
 
     counts = None
     try:

@@ -176,14 +176,14 @@ def resolve_model(config: Optional[Path], recipe: Optional[str], size: Optional[
         source = source or "the recipe graph's sample"
         seq_from.append(source if source.startswith("--") or not takes_seq else f"{source} (--seq to change)")
     graph = spec.build_graph(cfg, **({"seq_len": seq} if seq else {}), **graph_kw)
-    from lf_memory._estimate_graph import graph_view
+    from lf_memory import graph_view
 
     return graph, graph.component(graph_view(graph).main).seq_len, batch
 
 
 def resolve_cluster(gpus: Optional[int], gpus_per_node: Optional[int], gpu: str, inter_node_gbps: float):
     """The described cluster when ``gpus`` is given, else the detected one (ClusterError without a GPU)."""
-    from lf_parallel._cluster import detect_cluster, make_cluster
+    from lf_parallel import detect_cluster, make_cluster
 
     if gpus is None:
         return detect_cluster()
@@ -250,9 +250,7 @@ def plan_cmd(config: ConfigArg = None, recipe: RecipeOpt = None, size: SizeOpt =
     (``calibration``) say which rates were used."""
     from lf_orchestrator.config import ConfigError
     from lf_orchestrator.families._plan import rank_plans
-    from lf_parallel import calibration_for
-    from lf_parallel._cluster import ClusterError
-    from lf_parallel._search import NoFeasiblePlan, search_plans
+    from lf_parallel import ClusterError, NoFeasiblePlan, calibration_for, search_plans
 
     if top < 1:
         _fail(f"--top must be >= 1, got {top}")

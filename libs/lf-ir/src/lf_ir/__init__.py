@@ -3,12 +3,17 @@
 A model is a :class:`Graph` of components per modality, each an ordered list of
 typed nodes with shapes, parameter counts and FLOPs. Recipes build graphs;
 :func:`lower_node` / :class:`ComponentModule` turn them into torch modules.
+
+For the libraries above it (lf-memory, lf-parallel) and the orchestrator: :class:`AttentionModule` /
+:class:`DiTAttentionModule` (the lowered attentions context parallel swaps), :func:`rope3d_cos_sin` /
+:func:`apply_rope3d` (Wan's 3D RoPE), :data:`PIPELINE_GLUE` (the methods a multi-component model provides to
+be pipelined) and :func:`fused_modules` (the submodules with a fused path).
 """
 
 from lf_ir import _lower_vae, _lower_video, flow  # noqa: F401  (register the lowerings of their node families)
 from lf_ir._base import SeqSplit, TPStyle
 from lf_ir._cost import node_backward_flops, node_forward_flops, node_params
-from lf_ir._fused import RMSNormModule, use_fused_ops
+from lf_ir._fused import RMSNormModule, fused_modules, use_fused_ops
 from lf_ir._graph import (
                           Component,
                           Edge,
@@ -22,6 +27,7 @@ from lf_ir._graph import (
                           validate,
 )
 from lf_ir._lower import (
+                          AttentionModule,
                           ComponentModule,
                           LMHeadModule,
                           TransformerBlockModule,
@@ -31,6 +37,7 @@ from lf_ir._lower import (
                           materialize,
                           register_lowering,
 )
+from lf_ir._lower_video import DiTAttentionModule
 from lf_ir._mask import Mask, MaskKind, as_mask
 from lf_ir._mm_positions import mrope_position_ids
 from lf_ir._mrope import MRoPE, VisionRoPE
@@ -56,6 +63,8 @@ from lf_ir._nodes_mm import MMAttention, MMBlock
 from lf_ir._nodes_vae import CausalConv3D, ChannelRMSNorm, VAEAttention, VAEResample, VAEResBlock
 from lf_ir._nodes_video import AdaLNHead, AdaLNModulation, RoPE3D, TextProjection, TimestepEmbedding, VideoPatchEmbed
 from lf_ir._nodes_vision import FeedForward, PatchEmbed3D, PatchMerger
+from lf_ir._pipeline_glue import PIPELINE_GLUE
+from lf_ir._rope3d_torch import apply_rope3d, rope3d_cos_sin
 from lf_ir._rope_torch import apply_rope, rope_cos_sin, rope_inv_freq
 from lf_ir._table import ComponentCost, GraphCost, cost_table, graph_cost
 from lf_ir.recipes import RECIPES, RecipeSpec, recipe_names, recipe_spec, register_recipe
@@ -83,5 +92,6 @@ __all__ = [
     "next_token_loss", "node_backward_flops", "node_forward_flops", "node_params", "param_count", "qwen2_vl_config",
     "recipe_names", "recipe_spec", "register_lowering", "register_recipe", "rope_cos_sin", "rope_inv_freq",
     "summary_rows", "to_json", "validate", "video_tokens", "vision_rope_cos_sin", "vla_config", "wan_dit_config",
-    "wan_vae_config", "RMSNormModule", "use_fused_ops",
+    "wan_vae_config", "RMSNormModule", "use_fused_ops", "fused_modules", "AttentionModule", "DiTAttentionModule",
+    "PIPELINE_GLUE", "apply_rope3d", "rope3d_cos_sin",
 ]

@@ -14,14 +14,18 @@ Public API:
   :func:`offload_activations`: saved activations to pinned CPU memory;
   :func:`apply_fp8`: torchao float8 training on the linears a GEMM-shape filter picks.
 - :func:`estimate_memory`: params, grads, optimizer state, activations, temporaries and
-  communication buffers per rank for any parallel plan (``lf memory``).
+  communication buffers per rank for any parallel plan (``lf memory``); :func:`residual_stream_bytes`: the
+  bytes per element of the residual stream the norms read under a plan.
+- :func:`graph_view` / :class:`GraphView`: an lf-ir graph's blocks and trunk as the estimator and the
+  pipeline splitter see them; :func:`trunk_name`: the trunk (main) component of a graph.
 - :func:`token_normalized_loss`, :func:`global_token_count`: gradient
   accumulation over micro-batches and ranks equal to one large batch.
 """
 
 from ._accumulate import global_token_count, token_normalized_loss
 from ._block_rules import BlockProfile, register_block_rule
-from ._estimate import MemoryEstimate, estimate_memory, in_flight_micro_batches
+from ._estimate import MemoryEstimate, estimate_memory, in_flight_micro_batches, residual_stream_bytes
+from ._estimate_graph import GraphView, graph_view, trunk_name
 from ._fp8 import FP8_RECIPES, apply_fp8, fp8_filter, fp8_linear_names, fp8_supported
 from ._loss_scale import DynamicLossScaler
 from ._measure import measure_saved_bytes
@@ -43,6 +47,10 @@ __all__ = [
     "BlockProfile", "register_block_rule", "block_options", "is_block", "stack_shared_bytes",
     "MemoryEstimate",
     "estimate_memory",
+    "residual_stream_bytes",
+    "GraphView",
+    "graph_view",
+    "trunk_name",
     "in_flight_micro_batches",
     "BLOCK_OPTIONS",
     "FP8_RECIPES",

@@ -29,9 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lf_ir import TransformerBlock
-from lf_ir._nodes_dit import DiTBlock
-from lf_ir._nodes_expert import JointAttentionBlock
+from lf_ir import DiTBlock, JointAttentionBlock, TransformerBlock
 
 __all__ = ["BlockProfile", "block_profile", "register_block_rule"]
 

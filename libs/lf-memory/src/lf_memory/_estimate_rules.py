@@ -131,7 +131,7 @@ def ring_block_scores(node, batch: int, seq: int, cp: int, tp: int) -> float:
     float32 scores alone). Only one block is live at a time, so this is a temporary, not an activation.
     0 for nodes without a self-attention child (``node.attention``) or with a plain full mask.
     """
-    from lf_ir._mask import as_mask
+    from lf_ir import as_mask
 
     att = getattr(node, "attention", None)
     if att is None or not hasattr(att, "heads") or not hasattr(att, "mask"):

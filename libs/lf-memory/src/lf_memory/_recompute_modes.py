@@ -160,7 +160,8 @@ def _apply_mode(blocks, mode: str, every: int, backend: _Backend, plan=None) -> 
 
 
 def apply_recompute(
-    blocks: nn.ModuleList | Sequence[nn.Module], mode: str, *, every: int = 2, plan=None
+    blocks: nn.ModuleList | Sequence[nn.Module], mode: str, *, every: int = 2, plan=None,
+    backend: _Backend | None = None,
 ) -> list[int]:
     """Apply a recompute mode to the repeated blocks of a model, in place.
 
@@ -173,6 +174,8 @@ def apply_recompute(
         plan: with ``"auto"``, the :class:`lf_memory.RecomputePlan` to apply;
             its blocks are those of the graph in component order (the order of
             ``model.blocks`` in the lf-ir recipes), checked by IR node name.
+        backend: ``"function"`` (the default: each chosen block's ``forward`` wrapped, its hooks outside the
+            recomputed region) or ``"composable"`` (``torch.distributed._composable.checkpoint``).
 
     Returns:
         The indices of the blocks now checkpointed (fully or selectively), ascending.
@@ -190,5 +193,7 @@ def apply_recompute(
         >>> apply_recompute(nn.ModuleList([nn.Linear(8, 8)]), "selective")
         [0]
     """
-    return _apply_mode(blocks, mode, every, _default_backend(), plan)
+    if backend not in (None, "function", "composable"):
+        raise ValueError(f"backend: expected 'function' or 'composable', got {backend!r}")
+    return _apply_mode(blocks, mode, every, backend or _default_backend(), plan)
 

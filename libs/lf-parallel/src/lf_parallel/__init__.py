@@ -19,6 +19,12 @@
   :class:`SafeLoadPlanner`, :func:`safe_torch_load`, :class:`UnsafeCheckpointError`).
 - :func:`clip_grad_norm_` / :func:`total_norm`: the whole model's gradient norm (and clipping by it) over
   any mix of plain tensors and DTensors on any meshes, combined over pipeline stages.
+- :func:`context_parallel_of`: a rank's :class:`ContextParallel` under a plan; :func:`measure_collectives`: the
+  collectives' rates timed in a process group.
+- The correctness harness (``lf parallel check``): :class:`CheckJob` / :func:`run_checks` train a recipe's tiny
+  model under plans in one gloo world against one process (:class:`CheckResult`); :func:`resolve_plan`,
+  :func:`harness_unsupported`, :func:`harness_graph`; the losses it trains, :func:`llama_cp_loss` and
+  :func:`wan_flow_loss_class`.
 """
 
 from lf_parallel._calibrate import (
@@ -29,6 +35,7 @@ from lf_parallel._calibrate import (
     load_calibration,
     save_calibration,
 )
+from lf_parallel._calibrate_comm import measure_collectives
 from lf_parallel._checkpoint import (
     MARKER,
     PendingCheckpoint,
@@ -46,6 +53,7 @@ from lf_parallel._context import (
     ContextParallel,
     apply_context_parallel,
     context_attention,
+    context_parallel_of,
     gather_sequence,
     shard_sequence,
     zigzag_positions,
@@ -54,6 +62,11 @@ from lf_parallel._cost_model import StepCost, step_cost
 from lf_parallel._data_parallel import apply_data_parallel, global_sum, unwrap
 from lf_parallel._dist import DistContext, init_distributed, resolve_device, shutdown
 from lf_parallel._grad_norm import clip_grad_norm_, total_norm
+from lf_parallel._harness import CheckResult, harness_graph, harness_unsupported, resolve_plan
+from lf_parallel._harness import Job as CheckJob
+from lf_parallel._harness import run_jobs as run_checks
+from lf_parallel._harness_mm import wan_flow_loss_class
+from lf_parallel._harness_recipes import llama_cp_loss
 from lf_parallel._mesh import MESH_DIMS, build_mesh, dp_mesh, flat_dp_group, mesh_shape
 from lf_parallel._parallelize import parallelize
 from lf_parallel._pipeline import (
@@ -65,7 +78,7 @@ from lf_parallel._pipeline import (
     pipeline_step,
 )
 from lf_parallel._pipeline_mm import MultimodalStageModule, build_multimodal_pipeline
-from lf_parallel._plan import ComponentPlan, Plan, PlanError, check_plan, choose_plan, parse_plan
+from lf_parallel._plan import ComponentPlan, Plan, PlanError, PPSchedule, check_plan, choose_plan, parse_plan
 from lf_parallel._ring import ring_attention
 from lf_parallel._safe_load import (
     SafeFileSystemReader,
@@ -84,6 +97,8 @@ __version__ = "0.6.0"
 
 __all__ = [
     "MultimodalStageModule", "build_multimodal_pipeline",
+    "CheckJob", "CheckResult", "PPSchedule", "context_parallel_of", "harness_graph", "harness_unsupported",
+    "llama_cp_loss", "measure_collectives", "resolve_plan", "run_checks", "wan_flow_loss_class",
     "Calibration", "Candidate", "Cluster", "ClusterError", "ComponentPlan", "ContextParallel", "DistContext",
     "GPUSpec", "GPU_CATALOGUE", "MARKER", "MESH_DIMS", "NoFeasiblePlan", "PendingCheckpoint", "PipelineStageModule",
     "Plan", "PlanError", "SCHEDULES", "SIDE_KWARGS", "SafeFileSystemReader", "SafeLoadPlanner", "SearchResult",

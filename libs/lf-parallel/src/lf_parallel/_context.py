@@ -199,7 +199,7 @@ def apply_context_parallel(model: torch.nn.Module, cp: ContextParallel) -> torch
     Feed the model its shard (``cp.shard(ids)``); token-wise layers need nothing else.
     For Ulysses the heads are checked here, before any step (ValueError naming heads and cp).
     """
-    from lf_ir._lower import AttentionModule
+    from lf_ir import AttentionModule
     from lf_parallel._context_dit import context_parallel_class
     from lf_parallel._ulysses import check_ulysses_heads
 
@@ -233,8 +233,7 @@ def context_parallel_of(mesh, plan) -> ContextParallel:
 
 
 def _cp_attention_class():
-    from lf_ir._lower import AttentionModule
-    from lf_ir._rope_torch import apply_rope, rope_cos_sin
+    from lf_ir import AttentionModule, apply_rope, rope_cos_sin
 
     class ContextParallelAttention(AttentionModule):
         """An ``AttentionModule`` whose attention spans the context-parallel group (see apply_context_parallel)."""

@@ -22,8 +22,7 @@ _FULL = MaskSpec(kind="full")
 
 
 def _dit_class():
-    from lf_ir._lower_video import DiTAttentionModule
-    from lf_ir._rope3d_torch import apply_rope3d
+    from lf_ir import DiTAttentionModule, apply_rope3d
     from lf_parallel._context import context_attention
 
     class ContextParallelDiTAttention(DiTAttentionModule):
@@ -64,7 +63,7 @@ _CLASS = None
 def context_parallel_class(module: nn.Module) -> type | None:
     """The context-parallel class for ``module`` if it is a DiT *self*-attention (lowered, not cross), else None."""
     global _CLASS
-    from lf_ir._lower_video import DiTAttentionModule
+    from lf_ir import DiTAttentionModule
 
     if type(module) is not DiTAttentionModule or getattr(getattr(module, "lf_node", None), "cross", True):
         return None

@@ -41,9 +41,7 @@ from functools import lru_cache
 
 import msgspec
 
-from lf_memory._estimate import MemoryEstimate, estimate_memory
-from lf_memory._estimate_graph import graph_view, is_block
-from lf_memory._recompute_modes import recompute_flags
+from lf_memory import MemoryEstimate, estimate_memory, graph_view, is_block, recompute_flags
 from lf_parallel._calibrate import Calibration, default_calibration
 from lf_parallel._cluster import Cluster
 from lf_parallel._comm_model import bubble_micro_batches, collective_time, mesh_strides
@@ -170,7 +168,7 @@ def step_cost(graph, plan, cluster: Cluster, *, recompute: str | dict[str, str] 
         precision: compute dtype ``bf16``, ``fp16`` or ``fp32`` (fp32 runs matmuls at half the rate).
         seq: tokens per sample of the main component (default its ``seq_len``).
         calibration: achieved rates (default :func:`default_calibration` of the cluster's GPU).
-        memory: a precomputed estimate (else :func:`lf_memory._estimate.estimate_memory`).
+        memory: a precomputed estimate (else :func:`lf_memory.estimate_memory`).
         images_per_sample: images in one sample of a per-image vision component (a packed row's images; its
             ``seq_len`` is their patches together), see :mod:`lf_parallel._mm_cost`.
         docs_per_sample: documents packed into one sample of the main component (attention stays inside each).

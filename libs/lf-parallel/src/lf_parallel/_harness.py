@@ -324,7 +324,7 @@ def run_jobs(jobs: list[Job], nproc: int) -> list[CheckResult]:
         ProcessRaisedException: a worker failed (its traceback is in the message).
     """
     for job in jobs:
-        graph, _ = _build_graph_only(job)
+        graph, _ = harness_graph(job)
         for text in filter(None, (job.plan, job.reshard_to)):
             why = harness_unsupported(parse_plan(text), text)
             if why is not None:
@@ -359,7 +359,12 @@ def run_jobs(jobs: list[Job], nproc: int) -> list[CheckResult]:
     return results
 
 
-def _build_graph_only(job: Job):
+def harness_graph(job: Job):
+    """The lf-ir graph and the meta-device model of ``job``'s recipe and size (no weights allocated).
+
+    Raises:
+        ValueError: ``job.recipe`` is not a recipe the harness knows.
+    """
     if job.recipe not in HARNESS_RECIPES:
         raise ValueError(f"--recipe: unknown recipe {job.recipe!r}; expected one of {sorted(HARNESS_RECIPES)}")
     with torch.device("meta"):

@@ -62,7 +62,9 @@ def patchify(x_bcfhw: torch.Tensor, patch: tuple[int, int, int]) -> torch.Tensor
     return x.permute(0, 2, 4, 6, 3, 5, 7, 1).reshape(b, (ft // pt) * (hp // ph) * (wp // pw), -1)
 
 
-def _wan_class():
+def wan_flow_loss_class() -> type:
+    """``WanDiTModel``'s subclass whose forward is the flow-matching loss, whole or context-parallel (built on
+    first call: lf-ir's Wan recipe is imported then)."""
     from lf_ir import recipe_spec
     from lf_ir.flow import interpolate, timesteps_from_sigmas, velocity_target
 
@@ -83,7 +85,7 @@ def _wan_class():
             if cp is None:  # as WanDiTModel.flow_loss, whose self(...) would call this forward
                 pred = WanDiTModel.forward(self, x_t, t_b, text)
                 return self.components["video"]["loss"](pred, x0, noise, sigma)
-            from lf_ir._rope3d_torch import rope3d_cos_sin
+            from lf_ir import rope3d_cos_sin
 
             grid = self._check(x_t, t_b, text)
             video, cfg = self.components["video"], self.cfg
@@ -110,7 +112,7 @@ def wan_dit_build(size: str) -> nn.Module:
     patch = spec.config(size, **overrides).patch
     f, h, w = WAN_LATENT
     tokens = (f // patch[0]) * (h // patch[1]) * (w // patch[2])
-    return spec_model("wan_dit", size, graph_kw={"seq_len": tokens}, model_class=_wan_class(), **overrides)
+    return spec_model("wan_dit", size, graph_kw={"seq_len": tokens}, model_class=wan_flow_loss_class(), **overrides)
 
 
 def wan_dit_batch(model: nn.Module, batch: int, seed: int) -> dict:

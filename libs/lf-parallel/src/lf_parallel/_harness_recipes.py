@@ -89,7 +89,7 @@ def _llama_loss(model: nn.Module, batch: dict) -> torch.Tensor:
     return next_token_loss(model(ids), ids)
 
 
-def _llama_cp_loss(model: nn.Module, batch: dict, cp) -> torch.Tensor:
+def llama_cp_loss(model: nn.Module, batch: dict, cp) -> torch.Tensor:
     """Next-token loss of this cp rank's zigzag shard: its tokens' summed cross-entropy times cp over all targets."""
     ids = batch["ids"]
     labels = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], dim=1)
@@ -130,7 +130,7 @@ def _vla_loss(model: nn.Module, batch: dict) -> torch.Tensor:
 
 
 HARNESS_RECIPES: dict[str, HarnessRecipe] = {
-    "llama3": HarnessRecipe(build=_llama_build, batch=_llama_batch, loss=_llama_loss, cp_loss=_llama_cp_loss),
+    "llama3": HarnessRecipe(build=_llama_build, batch=_llama_batch, loss=_llama_loss, cp_loss=llama_cp_loss),
     "llama3_tied_vocab_parallel": HarnessRecipe(build=_llama_vocab_parallel_build, batch=_llama_batch,
                                                 loss=_llama_loss),
     "vla": HarnessRecipe(build=_vla_build, batch=_vla_batch, loss=_vla_loss),

@@ -34,8 +34,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from lf_ir import LMHead
-from lf_ir._pipeline_glue import PIPELINE_GLUE
+from lf_ir import PIPELINE_GLUE, LMHead
 from lf_parallel._pipeline import _SINGLE_STAGE, SCHEDULES, check_schedule_args
 from lf_parallel._pipeline_stage import LfPipelineStage
 from lf_parallel._stages import StageSpec, split_stages

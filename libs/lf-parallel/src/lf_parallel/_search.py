@@ -22,7 +22,7 @@ import math
 
 import msgspec
 
-from lf_memory._estimate import MemoryEstimate, estimate_memory
+from lf_memory import MemoryEstimate, estimate_memory
 from lf_parallel._calibrate import Calibration, default_calibration
 from lf_parallel._cluster import GIB, Cluster
 from lf_parallel._cost_model import StepCost, step_cost
@@ -115,7 +115,7 @@ def search_plans(graph, cluster: Cluster, *, global_batch: int, seq: int | None 
 
     start = time.perf_counter()
     cal = calibration or default_calibration(cluster.gpu)
-    from lf_memory._estimate_graph import graph_view
+    from lf_memory import graph_view
 
     main = graph_view(graph).main
     seq = seq or graph.component(main).seq_len

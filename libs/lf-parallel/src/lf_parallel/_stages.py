@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from lf_ir import Graph, node_backward_flops, node_forward_flops
-from lf_memory._estimate_graph import trunk_name
+from lf_memory import trunk_name
 
 __all__ = ["StageSpec", "balanced_partition", "split_stages", "stage_ranks", "trunk_component"]
 

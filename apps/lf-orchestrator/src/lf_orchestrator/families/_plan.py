@@ -50,8 +50,7 @@ def _pipeline_unsupported(plan: Plan, cfg, graph) -> str | None:
     from lf_ir._pipeline_glue import PIPELINE_GLUE
     from lf_kernels import MaskSpec
     from lf_orchestrator.train._pipeline_step import SIDE
-    from lf_parallel._pipeline import build_stage_module
-    from lf_parallel._stages import split_stages
+    from lf_parallel import build_stage_module, split_stages
 
     spec = recipe_spec(cfg.model.recipe, where="model.recipe")
     if not spec.pipeline:

@@ -32,8 +32,7 @@ import math
 import msgspec
 from torch import nn
 
-from lf_memory import RecomputePlan, estimate_memory, in_flight_micro_batches, plan_recompute
-from lf_memory._estimate import residual_stream_bytes
+from lf_memory import RecomputePlan, estimate_memory, in_flight_micro_batches, plan_recompute, residual_stream_bytes
 
 
 def _prec(dtype_bytes: int) -> str:
@@ -42,7 +41,7 @@ def _prec(dtype_bytes: int) -> str:
 
 def _rank_graph(graph, plan, pp_rank: int):
     """The part of ``graph`` pipeline rank ``pp_rank`` runs: its trunk slices, plus the encoders on stage 0."""
-    from lf_parallel._stages import split_stages
+    from lf_parallel import split_stages
 
     specs = [s for s in split_stages(graph, plan.pp, virtual_stages=plan.pp_virtual_stages) if s.rank == pp_rank]
     trunk = specs[0].trunk
@@ -79,7 +78,7 @@ def plan_family_recompute(cfg, family, plan, dtype_bytes: int, *, pp_rank: int =
             budget, the bytes left for activations and the least the plan can keep).
     """
     from lf_orchestrator.config import ConfigError
-    from lf_parallel._stages import trunk_component
+    from lf_parallel import trunk_component
 
     graph = family.graph
     seq = {trunk_component(graph): int(family.seq_len) // plan.cp}  # a cp rank holds 1/cp of the tokens

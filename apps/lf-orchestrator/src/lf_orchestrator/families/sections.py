@@ -2,7 +2,8 @@
 
 Kept out of ``config.py`` so that file only names them; like every section they
 are frozen, keyword-only msgspec structs that reject unknown keys, and this
-module imports no torch.
+module imports no torch. :data:`FAMILY_READS` says which sections and keys each
+family reads (a key it does not read is a config error).
 """
 
 from __future__ import annotations
@@ -101,3 +102,52 @@ class VAESection(_Section):
     """Share of episodes held out for the evaluation (every ``round(1 / eval_fraction)``-th episode)."""
     eval_clips: int = 16
     """Held-out clips the evaluation reconstructs."""
+
+
+ALL_KEYS = None
+"""In :data:`FAMILY_READS`: the family reads every key of the section."""
+
+_METAWORLD_DATA = ("source", "path", "tasks", "episodes_per_task", "image_size", "max_steps", "seed", "workers")
+"""The ``[data]`` keys of the Meta-World episodes the vlm / video / video_vae families train on
+(``families._metaworld.open_dataset``)."""
+
+COMMON_READS: dict[str, tuple[str, ...] | None] = {
+    "run": ALL_KEYS, "model": ALL_KEYS, "train": ALL_KEYS, "memory": ALL_KEYS, "parallel": ALL_KEYS,
+    "data": ("prefetch",), "eval": ("at_end",),
+}
+"""Sections (and keys) the trainer reads for every family: section -> its keys, or :data:`ALL_KEYS`."""
+
+FAMILY_READS: dict[str, dict[str, tuple[str, ...] | None]] = {
+    "llm": {"corpus": ALL_KEYS},
+    "vlm": {"vlm": ALL_KEYS, "data": _METAWORLD_DATA},
+    "video": {"video": ALL_KEYS, "data": _METAWORLD_DATA},
+    "video_vae": {"vae": ALL_KEYS, "video": ("frames", "clip_stride"), "data": _METAWORLD_DATA},
+    "vla": {"data": ALL_KEYS, "eval": ALL_KEYS, "action_tokenizer": ALL_KEYS},
+    "vla_flow": {"data": ALL_KEYS, "eval": ALL_KEYS},
+}
+"""What each family reads beyond :data:`COMMON_READS` (keys add to the common ones): family -> section -> keys,
+or :data:`ALL_KEYS`. A section or key of the config that the chosen family does not read, written in the TOML file
+or by ``--set``, is an error naming it (``lf_orchestrator._config_unread``); the run folder's ``config.toml`` holds
+exactly these sections (``lf_orchestrator.config.to_toml``)."""
+
+UNREAD_WHY: dict[tuple[str, str], str] = {
+    ("vla_flow", "action_tokenizer"): "its actions are continuous, normalized by the dataset mean/std",
+    ("llm", "eval"): "closed-loop evaluation in Meta-World is the VLA's; the llm family reports held-out perplexity",
+    ("vlm", "eval"): "closed-loop evaluation in Meta-World is the VLA's; the vlm family reports answer accuracy",
+    ("video", "eval"): "closed-loop evaluation in Meta-World is the VLA's",
+    ("video_vae", "eval"): "closed-loop evaluation in Meta-World is the VLA's",
+}
+"""(family, section) -> why the family does not read (part of) the section, added to the error."""
+
+
+def family_reads(family: str) -> dict[str, tuple[str, ...] | None]:
+    """Section -> keys (or :data:`ALL_KEYS`) that ``family`` reads: :data:`COMMON_READS` and the family's entries.
+
+    Raises:
+        KeyError: ``family`` is not a key of :data:`FAMILY_READS`.
+    """
+    reads = dict(COMMON_READS)
+    for section, keys in FAMILY_READS[family].items():
+        common = reads.get(section, ())
+        reads[section] = ALL_KEYS if keys is ALL_KEYS or common is ALL_KEYS else (*common, *keys)
+    return reads

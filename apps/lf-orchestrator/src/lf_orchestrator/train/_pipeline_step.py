@@ -107,10 +107,7 @@ class PipelineModel:
 
     def __init__(self, family, cfg, plan, mesh, device: torch.device, recompute):
         from lf_kernels import MaskSpec
-        from lf_parallel._pipeline import build_pipeline
-        from lf_parallel._pipeline_mm import build_multimodal_pipeline
-        from lf_parallel._tensor_parallel import apply_tensor_parallel
-        from lf_parallel._zero import apply_zero
+        from lf_parallel import apply_tensor_parallel, apply_zero, build_multimodal_pipeline, build_pipeline
 
         self.plan, self.mesh = plan, mesh
         self.pp_rank = mesh.get_local_rank("pp")

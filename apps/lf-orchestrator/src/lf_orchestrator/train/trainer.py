@@ -95,7 +95,7 @@ def prepare_model(family, cfg, device: torch.device) -> tuple[nn.Module, dict]:
     info["params"] = sum(p.numel() for p in model.parameters())
     info["trainable_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if cfg.model.fused_ops:  # modules switched to lf-kernels' fused ops (lf_ir.use_fused_ops)
-        from lf_ir._fused import fused_modules
+        from lf_ir import fused_modules
 
         info["fused_ops"] = sum(m.fused for m in fused_modules(model))
     return model, info
@@ -170,7 +170,7 @@ class Trainer:
             self.wrapped = parallelize(self.loss_module, self.mesh, self.plan, loss_parallel=False,
                                        recompute=recompute)
             if self.plan.cp > 1:  # this rank's place in the cp group: the family feeds it its token shard
-                from lf_parallel._context import context_parallel_of
+                from lf_parallel import context_parallel_of
 
                 self.loss_module.cp = context_parallel_of(self.mesh, self.plan)
             coord = self.mesh.get_coordinate()

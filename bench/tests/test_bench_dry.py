@@ -21,7 +21,7 @@ import torch
 
 from lf_ir import Llama3Model, llama3_config, materialize, next_token_loss
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "llama3_parallel.py"
 PLANS = ("zero=3,dp=2", "tp=2,sp=1", "pp=2,schedule=1f1b")
 SAMPLES = {"zero=3,dp=2": 2, "tp=2,sp=1": 1, "pp=2,schedule=1f1b": 4}

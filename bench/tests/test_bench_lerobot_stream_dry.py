@@ -16,10 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lf_data._lerobot_reader import LeRobotDataset
-from lf_data._lerobot_stream import LeRobotStream
+from lf_data import LeRobotDataset, LeRobotStream
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "lerobot_stream.py"
 
 

@@ -21,7 +21,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "vla_peer.py"
 
 

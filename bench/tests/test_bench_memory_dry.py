@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "memory_check.py"
 WORKLOADS = ("llama3", "qwen2_vl", "wan_dit")
 PLANS = ("none", "selective", "full", "auto")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "autotune_check.py"
 
 
@@ -63,7 +63,7 @@ def test_predictions_are_the_tuners_own(result):
     spec = importlib.util.spec_from_file_location("autotune_check_bench", SCRIPT)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    from lf_parallel._cluster import make_cluster
+    from lf_parallel import make_cluster
 
     args = bench._args(["--dry", "--gpus", "2", "--exhaustive", "--sweep", "tiny"])
     work = bench.MODELS.WORKLOADS["llama3"](None, None, True)

@@ -26,7 +26,7 @@ from lf_ir.recipes.qwen2_vl import Qwen2VLModel, qwen2_vl_config
 
 pytest.importorskip("transformers", minversion="5.24")
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "qwen2_vl_peer.py"
 
 
