@@ -100,10 +100,10 @@ def test_ir_show_picks_up_any_registered_recipe():
     """A recipe registered in lf-ir's registry (``lf_ir.register_recipe``) appears without editing the command."""
     import dataclasses
 
-    from lf_ir.recipes import _spec
+    from lf_ir import register_recipe, unregister_recipe
     from lf_ir.recipes import vla as vla_recipe
 
-    _spec.register_recipe(dataclasses.replace(vla_recipe.SPEC, name="mini", sizes={"any": vla_recipe.SIZES["tiny"]},
+    register_recipe(dataclasses.replace(vla_recipe.SPEC, name="mini", sizes={"any": vla_recipe.SIZES["tiny"]},
                                               tiny="any"))
     try:
         out = runner.invoke(app, ["ir", "show", "--recipe", "mini", "--size", "any"])
@@ -114,7 +114,7 @@ def test_ir_show_picks_up_any_registered_recipe():
         bad = runner.invoke(app, ["ir", "show", "--recipe", "nope", "--size", "x"])
         assert bad.exit_code == 2 and "mini" in bad.output and "llama3" in bad.output
     finally:
-        del _spec._REGISTRY["mini"]
+        unregister_recipe("mini")
 
 
 def test_ir_show_every_recipe_tiny_runs():

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from lf_ir import param_count, recipe_names, recipe_spec
-from lf_ir.recipes import _spec, llama3
+from lf_ir import param_count, recipe_names, recipe_spec, register_recipe, unregister_recipe
+from lf_ir.recipes import llama3
 from lf_orchestrator.cli import app
 from lf_orchestrator.config import ConfigError, load_config
 
@@ -28,9 +28,9 @@ LLAMA = Path(__file__).resolve().parents[3] / "examples" / "llama3_pretrain.toml
 @pytest.fixture
 def mini():
     """A dense LLM registered for the test only: llama3's spec under another name with one tiny size."""
-    yield _spec.register_recipe(dataclasses.replace(llama3.SPEC, name="mini_llm", sizes={"tiny": {"layers": 1}},
+    yield register_recipe(dataclasses.replace(llama3.SPEC, name="mini_llm", sizes={"tiny": {"layers": 1}},
                                                     context_parallel=(), pipeline=False))
-    del _spec._REGISTRY["mini_llm"]
+    unregister_recipe("mini_llm")
 
 
 def test_model_size_is_matched_in_any_case():
@@ -50,13 +50,13 @@ def test_model_recipe_is_checked_against_the_registry(mini):
     from lf_orchestrator.families import family_module
 
     assert family_module(cfg.model.recipe).__name__ == "lf_orchestrator.families.llm"
-    _spec.register_recipe(dataclasses.replace(llama3.SPEC, name="mini_rl", family="rl"))
+    register_recipe(dataclasses.replace(llama3.SPEC, name="mini_rl", family="rl"))
     try:
         with pytest.raises(ConfigError, match=r"model\.recipe: 'mini_rl' \(family 'rl'\) is registered in lf-ir but "
                                               r"lf run trains the families \["):
             load_config(LLAMA, ["model.recipe='mini_rl'", "model.size='tiny'"])
     finally:
-        del _spec._REGISTRY["mini_rl"]
+        unregister_recipe("mini_rl")
     with pytest.raises(ConfigError, match=r"model\.recipe: unknown recipe 'mini_lm'; expected one of llama3, "
                                           r"mini_llm, .*; did you mean 'mini_llm'\?"):
         load_config(LLAMA, ["model.recipe='mini_lm'"])

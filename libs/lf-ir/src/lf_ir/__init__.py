@@ -67,7 +67,7 @@ from lf_ir._pipeline_glue import PIPELINE_GLUE
 from lf_ir._rope3d_torch import apply_rope3d, rope3d_cos_sin
 from lf_ir._rope_torch import apply_rope, rope_cos_sin, rope_inv_freq
 from lf_ir._table import ComponentCost, GraphCost, cost_table, graph_cost
-from lf_ir.recipes import RECIPES, RecipeSpec, recipe_names, recipe_spec, register_recipe
+from lf_ir.recipes import RECIPES, RecipeSpec, recipe_names, recipe_spec, register_recipe, unregister_recipe
 from lf_ir.recipes.llama3 import Llama3Config, Llama3Model, llama3_config, next_token_loss
 from lf_ir.recipes.qwen2_vl import Qwen2VLConfig, Qwen2VLModel, qwen2_vl_config
 from lf_ir.recipes.vla import VLAConfig, VLAModel, vla_config
@@ -90,7 +90,8 @@ __all__ = [
     "encode_flops", "flow", "forward_flops", "from_json", "graph_cost", "init_weights", "latent_grid", "latent_shape",
     "lf_modules", "llama3_config", "lower_node", "materialize", "mrope_cos_sin", "mrope_position_ids",
     "next_token_loss", "node_backward_flops", "node_forward_flops", "node_params", "param_count", "qwen2_vl_config",
-    "recipe_names", "recipe_spec", "register_lowering", "register_recipe", "rope_cos_sin", "rope_inv_freq",
+    "recipe_names", "recipe_spec", "register_lowering", "register_recipe", "unregister_recipe", "rope_cos_sin",
+    "rope_inv_freq",
     "summary_rows", "to_json", "validate", "video_tokens", "vision_rope_cos_sin", "vla_config", "wan_dit_config",
     "wan_vae_config", "RMSNormModule", "use_fused_ops", "fused_modules", "AttentionModule", "DiTAttentionModule",
     "PIPELINE_GLUE", "apply_rope3d", "rope3d_cos_sin",

@@ -46,8 +46,7 @@ def _pipeline_unsupported(plan: Plan, cfg, graph) -> str | None:
     """Why the trainer cannot run ``plan.pp > 1`` for this config and graph (None: it can)."""
     import torch
 
-    from lf_ir import RECIPES, LMHead, recipe_spec
-    from lf_ir._pipeline_glue import PIPELINE_GLUE
+    from lf_ir import PIPELINE_GLUE, RECIPES, LMHead, recipe_spec
     from lf_kernels import MaskSpec
     from lf_orchestrator.train._pipeline_step import SIDE
     from lf_parallel import build_stage_module, split_stages

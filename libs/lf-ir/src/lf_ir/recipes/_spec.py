@@ -191,6 +191,18 @@ def register_recipe(spec: RecipeSpec) -> RecipeSpec:
     return spec
 
 
+def unregister_recipe(name: str) -> RecipeSpec:
+    """Remove the recipe ``name`` from the registry and return its spec (a recipe registered for a test, or one a
+    user replaces with their own definition).
+
+    Raises:
+        ValueError: no recipe of that name is registered (the message lists the registered ones).
+    """
+    if name not in _REGISTRY:
+        raise ValueError(f"unregister_recipe: no recipe named {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY.pop(name)
+
+
 def recipe_names() -> tuple[str, ...]:
     """The registered recipe names, sorted."""
     return tuple(sorted(_REGISTRY))
