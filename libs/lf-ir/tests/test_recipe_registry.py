@@ -69,7 +69,7 @@ def test_facts_the_orchestrator_reads():
     """The parallelism facts lf run's plan checks read (before: lf-orchestrator's CP_RECIPES and its
     ``!= "llama3"`` pipeline test) and the converters `lf convert` offers (before: its CONVERTERS table)."""
     assert {n for n in RECIPES if RECIPES[n].context_parallel} == {"gemma", "llama3", "wan_dit"}
-    assert {n for n in RECIPES if RECIPES[n].pipeline} == {"gemma", "llama3", "vla"}
+    assert {n for n in RECIPES if RECIPES[n].pipeline} == {"llama3", "vla"}
     assert RECIPES["llama3"].train_seq_len == 8192 and RECIPES["llama3"].takes_seq_len
     assert not RECIPES["vla"].takes_seq_len
     converters = {n: (s.import_hf, s.export_hf) for n, s in RECIPES.items() if s.import_hf or s.export_hf}

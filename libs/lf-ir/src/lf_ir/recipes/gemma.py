@@ -165,7 +165,8 @@ SPEC = register_recipe(RecipeSpec(
     import_hf=lazy_function("lf_ir.interop.hf_gemma", "import_hf_gemma"),
     export_hf=lazy_function("lf_ir.interop.hf_gemma", "export_hf_gemma"),
     masks=("causal",), tensor_parallel=True, sequence_parallel=True, context_parallel=("ring", "ulysses"),
-    pipeline=True, train_seq_len=8192))
-"""The gemma recipe (llm family): its one ``text`` component is llama3's shape, so the llm family trains it,
-every parallel plan runs on it (tp needs ``kv_heads`` divisible by tp: gemma-2b's single kv head takes none)
-and ``lf convert`` reads and writes HF Gemma folders. ``train_seq_len``: Gemma's 8192-token context."""
+    pipeline=False, train_seq_len=8192))
+"""The gemma recipe (llm family): its one ``text`` component is llama3's shape, so the llm family trains it under
+data, ZeRO, tensor (+ sequence) and context parallel plans (tp needs ``kv_heads`` divisible by tp: gemma-2b's
+single kv head takes none), and ``lf convert`` reads and writes HF Gemma folders. Not pipelined: its head is tied
+to the embedding, which would sit on another stage. ``train_seq_len``: Gemma's 8192-token context."""
