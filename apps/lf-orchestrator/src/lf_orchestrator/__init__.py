@@ -4,7 +4,7 @@ Public API: :func:`load_config` and :class:`Config` (run configs), and the
 Typer application ``app`` behind the ``lf`` command.
 """
 
-__version__ = "0.9.0"
+__version__ = "0.10.0"
 
 from lf_orchestrator.config import Config, ConfigError, load_config  # noqa: E402
 

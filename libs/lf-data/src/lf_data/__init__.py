@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.5.0"
+__version__ = "0.5.1"
 
 _WHERE = {
     "TextStream": "_text_readers",

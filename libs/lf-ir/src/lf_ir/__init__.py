@@ -75,7 +75,7 @@ from lf_ir.recipes.vla_flow import VLAFlowConfig, VLAFlowModel, vla_flow_config
 from lf_ir.recipes.wan_dit import WanDiTConfig, WanDiTModel, latent_grid, video_tokens, wan_dit_config
 from lf_ir.recipes.wan_vae import WanVAE, WanVAEConfig, decode_flops, encode_flops, latent_shape, wan_vae_config
 
-__version__ = "0.6.2"
+__version__ = "0.7.0"
 
 __all__ = [
     "ActionTimeEmbed", "JointAttentionBlock", "VLAFlowConfig", "VLAFlowModel", "vla_flow_config", "AdaLNHead",

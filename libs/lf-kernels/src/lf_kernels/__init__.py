@@ -87,4 +87,4 @@ __all__ = [
     "swiglu_reference",
 ]
 
-__version__ = "0.5.1"
+__version__ = "0.5.2"

@@ -81,4 +81,4 @@ __all__ = [
     "token_normalized_loss",
 ]
 
-__version__ = "0.4.5"
+__version__ = "0.5.0"

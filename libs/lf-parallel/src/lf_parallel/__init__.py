@@ -93,7 +93,7 @@ from lf_parallel._tensor_parallel import apply_tensor_parallel, loss_parallel_co
 from lf_parallel._ulysses import check_ulysses_heads, head_to_seq, seq_to_head, ulysses_attention
 from lf_parallel._zero import apply_zero, build_optimizer, mixed_precision_policy, tensor_kind_groups
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 __all__ = [
     "MultimodalStageModule", "build_multimodal_pipeline",
