@@ -54,7 +54,7 @@ def test_a_section_the_family_does_not_read_is_named_with_the_file(tmp_path):
     _expect(tmp_path, '[model]\nrecipe = "vla"\n[corpus]\nseq_len = 64\n', [],
             "{path}: corpus.seq_len: model.recipe = 'vla' (family vla) does not read [corpus]; the vla family "
             "reads [run], [model], [train], [memory], [parallel], [data], [eval], [action_tokenizer]. Remove it "
-            "(recipes that read it: llama3)")
+            "(recipes that read it: gemma, llama3)")
     _expect(tmp_path, '[model]\nrecipe = "llama3"\n[action_tokenizer]\nkind = "fast"\n', [],
             "{path}: action_tokenizer.kind: model.recipe = 'llama3' (family llm) does not read [action_tokenizer]; "
             "the llm family reads [run], [model], [train], [memory], [parallel], [data] (prefetch), [eval] (at_end), "
@@ -110,3 +110,25 @@ def test_the_table_names_real_sections_and_keys_and_covers_every_recipe():
             assert section in fields, section
             assert keys is ALL_KEYS or set(keys) <= {f.name for f in fields[section]}, (section, keys)
     assert {recipe_family(r) for r in recipe_names()} == set(FAMILY_READS)
+
+
+def test_run_folders_written_before_0_10_load_again(tmp_path, dataset_dir):
+    """lf-orchestrator 0.9 wrote every section into a run folder's config.toml, made absolute (a VLA run's
+    corpus.cache_dir, vlm / video / vae sections): that file, in its run folder (next to plan.json), loads with
+    the unread sections dropped, as `lf run --resume`, `lf eval` and `lf sample` read it; the same text as a
+    user's config file is refused naming the first unread key. Oracle: the file's own values."""
+    import msgspec
+
+    cfg = load_config(None, [f"data.path='{dataset_dir}'", "data.tasks=['reach-v3']"])
+    old = msgspec.to_builtins(cfg)  # every section, as 0.9's to_toml wrote it
+    old["corpus"]["cache_dir"] = str(tmp_path / "corpus-cache")
+    text = msgspec.toml.encode(old).decode()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text(text)
+    (run / "plan.json").write_text("{}")
+    loaded = load_config(run / "config.toml")
+    assert loaded.data.path == str(dataset_dir) and loaded.model.recipe == "vla"
+    (tmp_path / "mine.toml").write_text(text)
+    with pytest.raises(ConfigError, match=r"corpus\.source: model\.recipe = 'vla' \(family vla\) does not read"):
+        load_config(tmp_path / "mine.toml")

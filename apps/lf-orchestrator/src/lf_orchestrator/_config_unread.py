@@ -39,6 +39,24 @@ def _readers(section: str, key: str, recipes: list[str]) -> list[str]:
     return out
 
 
+def drop_unread(tree: dict[str, Any], recipe: str) -> dict[str, Any]:
+    """``tree`` without the keys ``recipe``'s family does not read: for a run folder's own ``config.toml``, which
+    lf-orchestrator before 0.10 wrote with every section (a user's file is refused instead, :func:`check_unread`).
+    An unregistered recipe or family: ``tree`` unchanged (the model check names it)."""
+    family = recipe_family(recipe) if isinstance(recipe, str) else None
+    if family not in FAMILY_READS:
+        return tree
+    reads = family_reads(family)
+    out: dict[str, Any] = {}
+    for section, table in tree.items():
+        keys = reads.get(section, ())
+        if keys is ALL_KEYS or not isinstance(table, dict):
+            out[section] = table
+        elif keys:
+            out[section] = {k: v for k, v in table.items() if k in keys}
+    return out
+
+
 def check_unread(tree: dict[str, Any], recipe: str, where: str) -> None:
     """Refuse the first key of ``tree`` (the TOML file's tables after ``--set``) that ``recipe``'s family does not
     read, naming the registered recipes that do read it. Keys of sections the config does not have are left to

@@ -19,7 +19,7 @@ import msgspec
 
 from lf_orchestrator._config_check import check_config
 from lf_orchestrator._config_errors import ConfigError, explain, fit_warmup, struct_at, unknown_key
-from lf_orchestrator._config_unread import check_unread, recipe_family
+from lf_orchestrator._config_unread import check_unread, drop_unread, recipe_family
 from lf_orchestrator.families.sections import CorpusSection, VAESection, VideoSection, VLMSection, family_reads
 
 ALL_TASKS = "*"
@@ -313,6 +313,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         tree = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{where}: invalid TOML: {err}") from None
+    if path is not None and _in_run_folder(Path(path)):  # written by lf: earlier versions wrote every section
+        tree = drop_unread(tree, tree.get("model", {}).get("recipe", ModelSection().recipe))
     for item in overrides or []:
         key, sep, raw = item.partition("=")
         if not sep:
@@ -324,6 +326,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise explain(err, where, Config, tree) from None
     check_unread(tree, cfg.model.recipe, where)
     return check_config(fit_warmup(cfg, where), where, check_paths=check_paths)
+
+
+def _in_run_folder(path: Path) -> bool:
+    """Whether ``path`` is a run folder's own ``config.toml`` (written by `lf run`, next to its plan.json or
+    checkpoints)."""
+    return path.name == "config.toml" and ((path.parent / "plan.json").is_file()
+                                            or (path.parent / "checkpoints").is_dir())
 
 
 RESUME_KEYS = ("train.steps", "train.log_every", "train.ckpt_every", "train.keep_checkpoints",
