@@ -1,4 +1,5 @@
-"""The VLA recipes under tensor, data (ZeRO-3) and pipeline parallel plans through `lf run` on gloo CPU processes.
+"""The VLA recipes under tensor, data (ZeRO-3) and pipeline parallel plans: `lf launch --device cpu` (torchrun,
+gloo CPU processes running `lf run`).
 
 Oracle: the single-process `lf run` of the same config (one process, the same 8 samples per step in two
 micro-batches of 4). Each plan's run must log the same loss and gradient norm at every one of 3 steps and end
@@ -62,13 +63,13 @@ def references(tmp_path_factory, dataset_dir) -> dict[str, tuple[Path, Path]]:
                                          ("vla_flow", "dp=2,zero=3"), ("vla_flow", "tp=2")])
 def test_vla_plan_matches_one_process(references, recipe, spec):
     config, one = references[recipe]
-    run_dir = one.parent / spec.replace(",", "_").replace("=", "")
+    run_id = spec.replace(",", "_").replace("=", "")
     extra = FLOW if recipe == "vla_flow" else []
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "-m", "lf_orchestrator", "run", str(config), "--run-dir", str(run_dir),
-                          *_sets([*COMMON, *extra, f"parallel.spec='{spec}'"])],
+    res = subprocess.run([sys.executable, "-m", "lf_orchestrator", "launch", str(config), "--nproc-per-node", "2",
+                          "--device", "cpu", "--run-id", run_id, *_sets([*COMMON, *extra, f"parallel.spec='{spec}'"])],
                          capture_output=True, text=True, timeout=600, cwd=one.parent)
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    run_dir = one.parent / "runs" / f"tiny-{run_id}"
     assert json.loads((run_dir / "plan.json").read_text())["world_size"] == 2
     ref, got = _log(one), _log(run_dir)
     assert sorted(got) == list(range(1, STEPS + 1))
