@@ -129,6 +129,9 @@ def test_run_folders_written_before_0_10_load_again(tmp_path, dataset_dir):
     (run / "plan.json").write_text("{}")
     loaded = load_config(run / "config.toml")
     assert loaded.data.path == str(dataset_dir) and loaded.model.recipe == "vla"
+    (run / "config.toml").write_text(text + "\n[trian]\nsteps = 3\n")  # a typo stays an error, even there
+    with pytest.raises(ConfigError, match=r"unknown .*trian"):
+        load_config(run / "config.toml")
     (tmp_path / "mine.toml").write_text(text)
     with pytest.raises(ConfigError, match=r"corpus\.source: model\.recipe = 'vla' \(family vla\) does not read"):
         load_config(tmp_path / "mine.toml")

@@ -57,7 +57,7 @@ def test_model_recipe_is_checked_against_the_registry(mini):
             load_config(LLAMA, ["model.recipe='mini_rl'", "model.size='tiny'"])
     finally:
         unregister_recipe("mini_rl")
-    with pytest.raises(ConfigError, match=r"model\.recipe: unknown recipe 'mini_lm'; expected one of llama3, "
+    with pytest.raises(ConfigError, match=r"model\.recipe: unknown recipe 'mini_lm'; expected one of gemma, llama3, "
                                           r"mini_llm, .*; did you mean 'mini_llm'\?"):
         load_config(LLAMA, ["model.recipe='mini_lm'"])
 
@@ -109,7 +109,16 @@ def test_context_and_pipeline_refusals_read_the_spec(mini):
 
     cp = parse_plan("cp=2,cp_kind=ring")
     assert cp_unsupported(cp, "llama3") is None
-    assert "model.recipe in ['llama3', 'wan_dit'] only" in cp_unsupported(cp, "mini_llm")
+    assert "model.recipe in ['gemma', 'llama3', 'wan_dit'] only" in cp_unsupported(cp, "mini_llm")
+    register_recipe(dataclasses.replace(llama3.SPEC, name="mini_notp", tensor_parallel=False,
+                                        sequence_parallel=False))
+    try:
+        from lf_orchestrator.families._plan import _supported
+
+        assert "RecipeSpec.tensor_parallel is not set" in _supported(parse_plan("tp=2"), False, "mini_notp")
+        assert _supported(parse_plan("tp=2"), False, "llama3") is None
+    finally:
+        unregister_recipe("mini_notp")
     pp = parse_plan("pp=2")
     cfg = SimpleNamespace(model=SimpleNamespace(recipe="mini_llm"))
     assert "model.recipe in ['llama3', 'vla'] only" in _pipeline_unsupported(pp, cfg, None)

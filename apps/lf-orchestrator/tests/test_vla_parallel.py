@@ -6,7 +6,8 @@ micro-batches of 4). Each plan's run must log the same loss and gradient norm at
 with the same weights, within 1e-5 relative (float32 sums in another order; the weights in the whole model's
 1-norm, as `lf parallel check` measures them). Gradients are clipped to a norm
 below the one measured at every step (``train.grad_clip = 1``, norms ~1.6-2.0), so clipping is part of what is
-compared. The data-parallel auto plan is covered by ``test_vla_checkpoint.py``.
+compared. The data-parallel auto plan (ZeRO-2 on 2 processes) is covered by ``test_data_parallel_run.py`` and
+``test_vla_checkpoint.py``; the token VLA under dp=2 x ZeRO-3 by ``test_parallel_matrix.py`` (with tp, 4 processes).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def references(tmp_path_factory, dataset_dir) -> dict[str, tuple[Path, Path]]:
     return out
 
 
-@pytest.mark.parametrize("recipe,spec", [("vla", "dp=2,zero=3"), ("vla", "tp=2,sp=1"), ("vla", "pp=2,grad_accum=2"),
+@pytest.mark.parametrize("recipe,spec", [("vla", "tp=2,sp=1"), ("vla", "pp=2,grad_accum=2"),
                                          ("vla_flow", "dp=2,zero=3"), ("vla_flow", "tp=2")])
 def test_vla_plan_matches_one_process(references, recipe, spec):
     config, one = references[recipe]
@@ -86,6 +87,13 @@ def test_vla_plan_matches_one_process(references, recipe, spec):
     assert diff <= 1e-5 * norm, (spec, diff / norm)
 
 
+def graph_of_vla(references):
+    """The token VLA run's graph (its model.json)."""
+    from lf_orchestrator.families.vla.assembly import build_graph, load_model_config
+
+    return build_graph(load_model_config(references["vla"][1]))
+
+
 def test_vla_flow_pipeline_and_sequence_parallel_are_refused_by_name(references):
     """vla_flow under pp = 2 or tp = 2 with sequence parallel is refused before any step, naming the recipe and
     why (its RecipeSpec sets neither: sp crashed in the first step's attention, the joint blocks carry two streams
@@ -102,3 +110,12 @@ def test_vla_flow_pipeline_and_sequence_parallel_are_refused_by_name(references)
     assert why is not None and "model.recipe = 'vla_flow'" in why and "RecipeSpec.pipeline" in why
     why = trainer_unsupported(parse_plan("tp=2,sp=1"), cfg, graph, 64)
     assert why is not None and "sp (sequence parallel)" in why and "'vla_flow'" in why
+    # what the recipe declares is checked by `lf launch` before any worker starts or any data is generated
+    out = CliRunner().invoke(app, ["launch", str(config), "--nproc-per-node", "2", "--device", "cpu", "--dry-run",
+                                   *_sets([*FLOW, "parallel.plan='manual'", "parallel.spec='pp=2,grad_accum=2'"])])
+    text = " ".join(out.output.split())
+    assert out.exit_code == 2 and "RecipeSpec.pipeline" in text and "'vla_flow'" in text, text
+    # the token VLA pipelines, but not with the fused ops (its stages are built with the plain ones)
+    fused = load_config(config, ["parallel.plan='manual'", "parallel.spec='pp=2,grad_accum=2'", "model.fused_ops=true"])
+    why = trainer_unsupported(parse_plan("pp=2,grad_accum=2"), fused, graph_of_vla(references), 64)
+    assert why is not None and "model.fused_ops" in why, why

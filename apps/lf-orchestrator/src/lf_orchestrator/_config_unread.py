@@ -39,10 +39,12 @@ def _readers(section: str, key: str, recipes: list[str]) -> list[str]:
     return out
 
 
-def drop_unread(tree: dict[str, Any], recipe: str) -> dict[str, Any]:
-    """``tree`` without the keys ``recipe``'s family does not read: for a run folder's own ``config.toml``, which
-    lf-orchestrator before 0.10 wrote with every section (a user's file is refused instead, :func:`check_unread`).
-    An unregistered recipe or family: ``tree`` unchanged (the model check names it)."""
+def drop_unread(tree: dict[str, Any], recipe: str, known: dict[str, set[str]]) -> dict[str, Any]:
+    """``tree`` without the config keys ``recipe``'s family does not read: for a run folder's own ``config.toml``,
+    which lf-orchestrator before 0.10 wrote with every section (a user's file is refused instead,
+    :func:`check_unread`). Only keys of the config (``known``: section -> its keys) are dropped: a misspelled
+    section or key stays, for the decoder to name. An unregistered recipe or family: ``tree`` unchanged (the
+    model check names it)."""
     family = recipe_family(recipe) if isinstance(recipe, str) else None
     if family not in FAMILY_READS:
         return tree
@@ -50,10 +52,12 @@ def drop_unread(tree: dict[str, Any], recipe: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for section, table in tree.items():
         keys = reads.get(section, ())
-        if keys is ALL_KEYS or not isinstance(table, dict):
+        if keys is ALL_KEYS or not isinstance(table, dict) or section not in known:
             out[section] = table
-        elif keys:
-            out[section] = {k: v for k, v in table.items() if k in keys}
+            continue
+        kept = {k: v for k, v in table.items() if k in keys or k not in known[section]}
+        if kept or keys:
+            out[section] = kept
     return out
 
 
@@ -73,9 +77,8 @@ def check_unread(tree: dict[str, Any], recipe: str, where: str) -> None:
     from lf_ir import recipe_names
 
     recipes = list(recipe_names())
-    if family not in FAMILY_READS:
-        raise ConfigError(f"{where}: model.recipe: {recipe!r} belongs to family {family!r}, which "
-                          f"families.sections.FAMILY_READS does not describe; expected one of {sorted(FAMILY_READS)}")
+    if family not in FAMILY_READS:  # a family lf run does not train: the model check refuses the recipe by name
+        return
     reads = family_reads(family)
     for section, table in tree.items():
         keys = reads.get(section, ())

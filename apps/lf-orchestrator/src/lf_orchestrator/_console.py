@@ -12,7 +12,7 @@ import sys
 
 from rich.console import Console
 
-__all__ = ["REDIRECTED_WIDTH", "make_console"]
+__all__ = ["REDIRECTED_WIDTH", "fail", "make_console"]
 
 REDIRECTED_WIDTH = 200
 """Columns of a console whose stream is not a terminal."""
@@ -29,3 +29,16 @@ def make_console(*, stderr: bool = False, width: int | None = None) -> Console:
     if width is None and "COLUMNS" not in os.environ and not stream.isatty():
         width = REDIRECTED_WIDTH
     return Console(stderr=stderr, width=width)
+
+
+def fail(console: Console, message: str, code: int = 2):
+    """Print ``error: MESSAGE`` on ``console`` and exit the command with ``code`` (typer.Exit; 2: refused input).
+
+    The message is printed as text, not rich markup: messages quote user values and expected forms such as
+    ``[first, last]`` or a config section ``[corpus]``, which rich would otherwise read as tags and drop.
+    """
+    import typer
+    from rich.markup import escape
+
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)

@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 
 from lf_orchestrator import __version__
-from lf_orchestrator._console import make_console
+from lf_orchestrator._console import fail, make_console
 from lf_orchestrator._cpu_numerics import pin_cpu_isa
 from lf_orchestrator._options import SetOpt
 from lf_orchestrator.config import DEFAULT_NAME, ConfigError, check_resume_overrides, json_schema, load_config, to_toml
@@ -51,11 +51,7 @@ PREEMPTED_EXIT = 143
 
 
 def _fail(message: str) -> None:
-    from rich.markup import escape
-
-    # escaped: messages quote user values and expected forms such as "[first, last]", which rich reads as markup
-    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    fail(console, message)
 
 
 def _version(value: bool) -> None:

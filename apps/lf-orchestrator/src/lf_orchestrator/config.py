@@ -211,8 +211,10 @@ class ParallelSection(_Section):
     grad_accum: int = 1
     """Manual plan: micro-batches per step."""
     spec: str = ""
-    """llm/vlm/video families, manual plan: an lf-parallel plan string (e.g. ``"tp=2,zero=3"``), parsed and
-    checked against the model before launch; overrides ``dp``/``micro_batch``/``grad_accum``. Context parallel:
+    """Manual plan (every family): an lf-parallel plan string (e.g. ``"tp=2,zero=3"``), parsed and checked against
+    the model before launch; replaces ``dp``; without ``micro_batch`` in the string each data-parallel rank takes
+    ``train.global_batch / dp`` samples in ``grad_accum`` micro-batches (the string's, else ``parallel.grad_accum``;
+    ``parallel.micro_batch`` is then not used). Context parallel:
     ``"cp=2"`` or ``"dp=2,cp=2"`` (video and llm families; every cp rank of a dp group reads the same samples and
     holds 1/cp of each sample's tokens)."""
     cp_kind: Literal["", "ring", "ulysses", "ring+ulysses"] = ""
@@ -314,7 +316,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{where}: invalid TOML: {err}") from None
     if path is not None and _in_run_folder(Path(path)):  # written by lf: earlier versions wrote every section
-        tree = drop_unread(tree, tree.get("model", {}).get("recipe", ModelSection().recipe))
+        known = {f.name: set(f.type.__struct_fields__) for f in msgspec.structs.fields(Config)}
+        tree = drop_unread(tree, tree.get("model", {}).get("recipe", ModelSection().recipe), known)
     for item in overrides or []:
         key, sep, raw = item.partition("=")
         if not sep:

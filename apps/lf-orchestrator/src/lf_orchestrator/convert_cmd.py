@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from lf_orchestrator._console import make_console
+from lf_orchestrator._console import fail, make_console
 
 convert_app = typer.Typer(help="Convert checkpoints between lf and Hugging Face (transformers, diffusers) formats.",
                           no_args_is_help=True)
@@ -32,8 +32,7 @@ def converters() -> dict[str, object]:
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    fail(console, message)
 
 
 def _check_recipe(recipe: object, where: str):

@@ -16,15 +16,14 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from lf_orchestrator._console import make_console
+from lf_orchestrator._console import fail, make_console
 
 data_app = typer.Typer(help="Make, inspect and convert datasets (robot demonstrations).", no_args_is_help=True)
 console = make_console(stderr=True)
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    fail(console, message)
 
 
 @data_app.command("metaworld")

@@ -7,15 +7,14 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from lf_orchestrator._console import make_console
+from lf_orchestrator._console import fail, make_console
 
 ir_app = typer.Typer(help="Inspect model graphs of the unified IR.", no_args_is_help=True)
 console = make_console(stderr=True)
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    fail(console, message)
 
 
 def _recipe_spec(recipe: str):

@@ -18,7 +18,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from lf_orchestrator._console import make_console
+from lf_orchestrator._console import fail, make_console
 from lf_orchestrator._options import SetOpt
 from lf_orchestrator.config import ConfigError, load_config
 from lf_orchestrator.launch._jobset import jobset
@@ -48,8 +48,7 @@ class K8sKind(StrEnum):
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    fail(console, message)
 
 
 def _env_pairs(items: list[str]) -> tuple[tuple[str, str], ...]:
@@ -141,15 +140,18 @@ def _check_manual_plan(cfg, config: Path, nodes: int, procs_per_node: int) -> No
     """
     if cfg.parallel.plan != "manual":
         return
-    from lf_orchestrator.families._plan import manual_plan
+    from lf_orchestrator.families._plan import capability_refusal, manual_plan
     from lf_parallel import PlanError, check_plan
 
     world = nodes * procs_per_node
     try:
-        check_plan(manual_plan(cfg), world_size=world, global_batch=cfg.train.global_batch)
+        plan = check_plan(manual_plan(cfg), world_size=world, global_batch=cfg.train.global_batch)
     except PlanError as err:
         raise LaunchError(f"{config}: {err} (the job has {nodes} node(s) x {procs_per_node} processes = "
                           f"{world})") from None
+    why = capability_refusal(plan, cfg)  # the recipe's declared parallelisms: before any worker starts
+    if why:
+        raise LaunchError(f"{config}: parallel.spec {cfg.parallel.spec!r}: {why}")
 
 
 def _torchrun(spec: LaunchSpec, dry_run: bool) -> int:

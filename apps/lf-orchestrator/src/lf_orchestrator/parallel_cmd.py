@@ -42,7 +42,7 @@ from typing import Annotated, Optional
 import typer
 
 from lf_orchestrator._check_configs import CLIP
-from lf_orchestrator._console import make_console
+from lf_orchestrator._console import fail, make_console
 from lf_orchestrator._options import SetOpt
 
 parallel_app = typer.Typer(help="Check hybrid parallel plans on CPU processes.", no_args_is_help=True)
@@ -54,8 +54,7 @@ _DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADD
 
 
 def _fail(message: str, code: int = 2) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
+    fail(console, message, code)
 
 
 def _spec_set(spec: str) -> list[str]:

@@ -17,7 +17,7 @@ from typing import Annotated, Literal, Optional
 import typer
 from rich.table import Table
 
-from lf_orchestrator._console import make_console
+from lf_orchestrator._console import fail, make_console
 from lf_orchestrator._options import SetOpt
 
 console = make_console(stderr=True)
@@ -43,8 +43,7 @@ CalibrateOpt = Annotated[bool, typer.Option("--calibrate", help="Measure this GP
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    fail(console, message)
 
 
 def _recipe(name: str):

@@ -14,15 +14,14 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from lf_orchestrator._console import make_console
+from lf_orchestrator._console import fail, make_console
 from lf_orchestrator._options import SAMPLE_KEYS, SetOpt, load_trained_run, set_keys
 
 console = make_console(stderr=True)
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    fail(console, message)
 
 
 def sample_cmd(run_dir: Annotated[Path, typer.Argument(help="A video-family run folder made by `lf run`.")],

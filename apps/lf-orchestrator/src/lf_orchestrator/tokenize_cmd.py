@@ -18,7 +18,7 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from lf_orchestrator._console import make_console
+from lf_orchestrator._console import fail, make_console
 
 tokenize_app = typer.Typer(help="Fit, apply and compare action tokenizers (binning, FAST).", no_args_is_help=True)
 console = make_console(stderr=True)
@@ -26,8 +26,7 @@ PAD = -1
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    fail(console, message)
 
 
 def read_actions(dataset: Path) -> tuple[list[np.ndarray], dict[str, Any]]:

@@ -5,13 +5,13 @@ on a CPU job, on a nominal cluster of ``world_size`` H100s: the cost model needs
 GPU, so on the CPU the ranking only orders the plans, its times are not CPU times
 (logged as such). Its rates are :func:`lf_parallel.calibration_for`'s: this GPU's cached
 measurement (``lf plan --calibrate``) when it is the cluster's model, else the defaults
-(``calibration`` in ``plan.json`` says which). The trainer runs data parallel, ZeRO 0-3 and tensor (+
-sequence) parallel plans, pipeline parallel (``pp > 1``, any schedule, with tp / sp /
-dp / ZeRO) for the llm family (llama3), and context parallel (``cp > 1``, ring or Ulysses,
-``parallel.cp_kind``, with dp / ZeRO) for the video and llm families
-(:mod:`lf_orchestrator.families._context`). Not wired: pipeline stages that would run encoders
-(vlm / video / vla graphs, until lf-parallel's multimodal first stage exists), cp for the vlm
-family, cp with tp or pp: such manual plans are refused before launch.
+(``calibration`` in ``plan.json`` says which). The trainer runs data parallel and ZeRO 0-3 for every recipe, and
+what the recipe's :class:`lf_ir.RecipeSpec` declares: tensor parallel (``tensor_parallel``) with sequence parallel
+(``sequence_parallel``), pipeline parallel (``pipeline``: any schedule, with tp / sp / dp / ZeRO; llama3 from its
+graph, the token VLA with lf-parallel's multimodal stages) and context parallel (``context_parallel``: ring or
+Ulysses, ``parallel.cp_kind``, with dp / ZeRO; :mod:`lf_orchestrator.families._context`). Not wired: cp with tp
+or pp. A plan outside these is refused by name (:func:`capability_refusal` before launch and before any data,
+:func:`trainer_unsupported` with the graph).
 
 ``auto`` takes the fastest plan of the ranking that ``lf plan`` prints (the same :func:`search_plans` call)
 that this trainer can run (:func:`trainer_unsupported`: the rules above, ``parallel.cp_kind`` when set, and
@@ -31,6 +31,12 @@ def _supported(plan: Plan, lora: bool, recipe: str) -> str | None:
     why = cp_unsupported(plan, recipe)
     if why:
         return why
+    if plan.tp > 1:
+        from lf_ir import recipe_spec
+
+        if not recipe_spec(recipe, where="model.recipe").tensor_parallel:
+            return (f"tp > 1 (tensor parallel) is not supported for model.recipe = {recipe!r} (its RecipeSpec."
+                    f"tensor_parallel is not set)")
     if plan.sp and plan.tp > 1:
         from lf_ir import recipe_spec
 
@@ -46,16 +52,15 @@ def _pipeline_unsupported(plan: Plan, cfg, graph) -> str | None:
     """Why the trainer cannot run ``plan.pp > 1`` for this config and graph (None: it can)."""
     import torch
 
-    from lf_ir import PIPELINE_GLUE, RECIPES, LMHead, recipe_spec
+    from lf_ir import PIPELINE_GLUE, LMHead, recipe_spec
     from lf_kernels import MaskSpec
     from lf_orchestrator.train._pipeline_step import SIDE
     from lf_parallel import build_stage_module, split_stages
 
+    why = _pipeline_undeclared(cfg.model.recipe)
+    if why:
+        return why
     spec = recipe_spec(cfg.model.recipe, where="model.recipe")
-    if not spec.pipeline:
-        wired = sorted(name for name, s in RECIPES.items() if s.pipeline)
-        return (f"pp > 1 is wired into the trainer for model.recipe in {wired} only (the recipes whose "
-                f"RecipeSpec.pipeline is set), got model.recipe = {cfg.model.recipe!r}")
     # a model with lf-ir's pipeline glue: stage 0 runs its encoders (multimodal); else one trunk from the graph
     kind = "multimodal" if all(callable(getattr(spec.model, m, None)) for m in PIPELINE_GLUE) else "one trunk"
     try:
@@ -77,7 +82,30 @@ def _pipeline_unsupported(plan: Plan, cfg, graph) -> str | None:
         return "train.lora_rank > 0 and train.freeze are not supported with pp > 1"
     if cfg.memory.offload:
         return "memory.offload is not supported with pp > 1 (the schedule runs the stages' forwards)"
+    if cfg.model.fused_ops:
+        return "model.fused_ops is not supported with pp > 1 (the pipeline stages are built with the plain ops)"
     return None
+
+
+def _pipeline_undeclared(recipe: str) -> str | None:
+    """Why ``recipe`` takes no ``pp > 1`` (its RecipeSpec declares no pipeline), else None."""
+    from lf_ir import RECIPES, recipe_spec
+
+    if recipe_spec(recipe, where="model.recipe").pipeline:
+        return None
+    wired = sorted(name for name, s in RECIPES.items() if s.pipeline)
+    return (f"pp > 1 is wired into the trainer for model.recipe in {wired} only (the recipes whose "
+            f"RecipeSpec.pipeline is set), got model.recipe = {recipe!r}")
+
+
+def capability_refusal(plan: Plan, cfg) -> str | None:
+    """Why the trainer refuses ``plan`` for this config from the recipe's declared parallelisms and the config
+    alone (no graph, no data: what ``lf launch`` and the trainer check before any worker or data), else None;
+    the graph's own checks (heads dividing by tp, the pipeline split) come later in :func:`resolve_plan`."""
+    why = _supported(plan, cfg.train.lora_rank > 0, cfg.model.recipe)
+    if why is None and plan.pp > 1:
+        why = _pipeline_undeclared(cfg.model.recipe)
+    return why
 
 
 _PP_CACHE: dict[tuple, str | None] = {}

@@ -15,6 +15,7 @@ from lf_orchestrator._cpu_numerics import cpu_numerics
 from lf_orchestrator.checkpoint import write_text_atomic
 from lf_orchestrator.families._recompute import plan_line
 from lf_orchestrator.families._tune import tuned_plan_of
+from lf_orchestrator.families.base import Family
 from lf_orchestrator.progress import TrainProgress
 from lf_orchestrator.run_folder import absolute_paths, announce_run_folder, start_run_folder
 from lf_orchestrator.train.fit import resumed_phrase, trained_phrase
@@ -79,7 +80,8 @@ def run_family(cfg, ctx: DistContext, resume: Path | None, run_dir: Path | None,
         return
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=1, default=str))
     extra = " ".join(f"{k.removeprefix('eval/')} {v:.4g}" for k, v in summary["eval"].items())
-    if not extra and trainer.pipe is not None and cfg.eval.at_end:
+    if not extra and trainer.pipe is not None and cfg.eval.at_end and type(trainer.family).evaluate is not \
+            Family.evaluate:  # a family with held-out metrics (the VLA's closed-loop evaluation still runs below)
         extra_note = "; eval skipped: held-out evaluation does not run under pipeline parallel yet"
     else:
         extra_note = f"; eval: {extra}" if extra else ""

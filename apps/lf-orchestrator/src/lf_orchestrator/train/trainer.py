@@ -14,7 +14,7 @@ the dp ranks, so any split gives the gradient of one large batch. Tensor-, conte
 pipeline-parallel ranks of one dp rank see the same batch; under context parallelism each cp rank
 computes its share of the loss on its token shard and contributes ``share * dp * cp / global_units``
 (gradients are averaged over dp x cp; :mod:`lf_orchestrator.families._context`). Pipeline-parallel plans
-(``pp > 1``, llm family) build only this rank's stages and run the step through the
+(``pp > 1``, recipes whose spec declares it) build only this rank's stages and run the step through the
 plan's schedule (:mod:`lf_orchestrator.train._pipeline_step`).
 
 Checkpoints are sharded DCP folders (:mod:`lf_orchestrator.families._state`): every
@@ -46,7 +46,7 @@ from lf_memory import DynamicLossScaler, apply_recompute, offload_activations, r
 from lf_orchestrator.checkpoint import latest_checkpoint
 from lf_orchestrator.families import family_module
 from lf_orchestrator.families._faults import check_finite_weights, nonfinite_step
-from lf_orchestrator.families._plan import manual_plan, resolve_plan, with_fsdp_compute
+from lf_orchestrator.families._plan import capability_refusal, manual_plan, resolve_plan, with_fsdp_compute
 from lf_orchestrator.families._recompute import describe_plan, plan_family_recompute, stage_plan
 from lf_orchestrator.families._state import FamilyCheckpointer
 from lf_orchestrator.families.base import LossModule
@@ -62,7 +62,7 @@ from lf_orchestrator.train.fit import (
     scaler_fields,
 )
 from lf_orchestrator.train.state import restore_training_state, save_training_state
-from lf_parallel import DistContext, build_mesh, check_plan, clip_grad_norm_, global_sum, parallelize
+from lf_parallel import DistContext, PlanError, build_mesh, check_plan, clip_grad_norm_, global_sum, parallelize
 
 
 def precision_name(dtype: torch.dtype) -> str:
@@ -121,7 +121,10 @@ class Trainer:
         if ctx.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         if plan is None and cfg.parallel.plan == "manual":  # degrees, world size, batch split: before any data
-            check_plan(manual_plan(cfg), world_size=ctx.world_size, global_batch=cfg.train.global_batch)
+            early = check_plan(manual_plan(cfg), world_size=ctx.world_size, global_batch=cfg.train.global_batch)
+            why = capability_refusal(early, cfg)  # what the recipe declares it supports
+            if why:
+                raise PlanError(f"parallel.spec {cfg.parallel.spec!r}: {why}")
         self.family = family if family is not None else prepare_family(cfg, self.run_dir, ctx, data_progress)
         self.precision = resolve_precision(cfg.memory.precision, ctx.device)
         prec = precision_name(self.precision.compute_dtype)
