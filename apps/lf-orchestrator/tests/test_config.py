@@ -86,7 +86,7 @@ def test_version_and_schema():
     out = runner.invoke(app, ["--version"])
     import lf_orchestrator
 
-    assert out.exit_code == 0 and out.output.strip() == f"lf {lf_orchestrator.__version__}" == "lf 0.9.0"
+    assert out.exit_code == 0 and out.output.strip() == f"lf {lf_orchestrator.__version__}" == "lf 0.10.0"
     schema = runner.invoke(app, ["config", "schema"])
     assert schema.exit_code == 0 and '"TrainSection"' in schema.output
 

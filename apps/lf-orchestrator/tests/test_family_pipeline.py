@@ -140,7 +140,8 @@ def test_pipeline_plans_refused_before_launch():
     from lf_parallel import Plan
 
     def cfg(recipe, lora=0):
-        return SimpleNamespace(model=SimpleNamespace(recipe=recipe), train=SimpleNamespace(lora_rank=lora, freeze=[]),
+        return SimpleNamespace(model=SimpleNamespace(recipe=recipe, fused_ops=False),
+                               train=SimpleNamespace(lora_rank=lora, freeze=[]),
                                memory=SimpleNamespace(offload=False))
 
     plan = Plan(pp=2, grad_accum=2)
